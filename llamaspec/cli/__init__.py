@@ -1,0 +1,32 @@
+"""Command-line entry point: one module per command group, one error table for all of them."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from llamaspec import output
+from llamaspec.cli.app import app
+from llamaspec.errors import explain
+
+# Importing a command module registers its commands on `app`. None of them imports llama_cpp
+# at module level, so `llamaspec --help` stays fast.
+from llamaspec.cli import doctor, models  # noqa: E402,F401
+
+
+def _debug_wanted(argv: list[str]) -> bool:
+    return "--debug" in argv or os.environ.get("LLAMASPEC_DEBUG", "") not in ("", "0")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        app(args=args, prog_name="llamaspec")
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the one place exceptions become exit codes
+        explained = explain(exc)
+        if explained is None or _debug_wanted(args):
+            raise
+        output.current().error(explained)
+        sys.exit(explained.exit_code)
