@@ -1,0 +1,38 @@
+"""`llamaspec doctor`: what the installed llama.cpp build can do, and how to get a GPU build."""
+
+from __future__ import annotations
+
+from llamaspec.cli.app import JsonOpt, QuietOpt, VerboseOpt, app, setup_output
+
+
+def _render(info: dict, console) -> None:
+    from rich.table import Table
+
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column(overflow="fold")
+    t.add_row("llamaspec", info["llamaspec"])
+    t.add_row("llama-cpp-python", info["llama_cpp_python"])
+    t.add_row("python", f"{info['python']} ({info['platform']})")
+    t.add_row("backends", ", ".join(info["backends"]) or "?")
+    for d in info["devices"]:
+        t.add_row("device", f"{d['name']} [{d['type']}] {d['description']}")
+    t.add_row("CPU features", " ".join(info["cpu_features"]) or "-")
+    t.add_row("GPU offload", "[green]yes[/green]" if info["gpu_offload"] else "[yellow]no (CPU-only build)[/yellow]")
+    console.print(t)
+    if info["gpu_build_commands"]:
+        console.print("\nFor GPU offload (-ngl / -ngld), reinstall llama-cpp-python with your backend:")
+        for name, cmd in info["gpu_build_commands"].items():
+            console.print(f"  [bold]{name}[/bold]: {cmd}", soft_wrap=True)
+
+
+@app.command()
+def doctor(json: JsonOpt = False, quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
+    """Show llama-cpp-python / llama.cpp versions, CPU features, backends and GPU support."""
+    out = setup_output(json, quiet, verbose)
+    from llamaspec.runtime_info import collect
+
+    info = collect()
+    if verbose:
+        out.detail(info["system_info"])
+    out.data(info, human=lambda c: _render(info, c), quiet=info["llama_cpp_python"])

