@@ -1,0 +1,85 @@
+"""The one place that turns speculative-type names into drafters (transformers' factory pattern).
+
+Each canonical llama.cpp type name maps to a builder; several types become a ChainDrafter in
+llama.cpp's priority order. Shared code never branches on these names elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from llamaspec.drafters.base import Drafter
+from llamaspec.drafters.chain import ChainDrafter
+from llamaspec.errors import UsageError
+
+if TYPE_CHECKING:
+    from llamaspec.pipeline import SpecOptions
+    from llamaspec.runtime import Context, Model
+    from llamaspec.verify import SamplingParams
+
+#: the types this build implements, in the words `--spec-type` accepts
+SUPPORTED = ("none", "draft-simple", "draft-mtp", "ngram-simple", "ngram-mod")
+
+
+@dataclass
+class Built:
+    drafter: Drafter | None
+    draft_model: "Model | None" = None   # loaded here, closed by the pipeline
+
+
+def _ngram_simple(opts, target, ctx, sampling) -> Built:
+    from llamaspec.drafters.ngram import NgramSimpleDrafter
+
+    return Built(NgramSimpleDrafter())
+
+
+def _ngram_mod(opts, target, ctx, sampling) -> Built:
+    from llamaspec.drafters.ngram import NgramModDrafter
+
+    return Built(NgramModDrafter())
+
+
+def _draft_model(opts, target, ctx, sampling) -> Built:
+    from llamaspec.drafters.model import ModelDrafter
+    from llamaspec.runtime import Context as Ctx, ContextConfig, Model
+    from llamaspec.verify import target_distribution
+
+    if opts.draft_path is None:
+        raise UsageError("--spec-type draft needs a draft model", "pass --draft PATH (or --draft auto)")
+    model = Model(opts.draft_path, n_gpu_layers=opts.n_gpu_layers_draft)
+    dctx = Ctx(model, ContextConfig(n_ctx=ctx.n_ctx, n_threads=opts.n_threads))
+    dist = None
+    if not sampling.greedy:
+        def dist(row, recent):
+            return target_distribution(row, sampling, recent)
+    return Built(ModelDrafter(dctx, p_min=opts.draft_p_min, distribution=dist, rng=sampling.rng()), model)
+
+
+def _mtp(opts, target, ctx, sampling) -> Built:
+    from llamaspec.drafters.mtp import MtpDrafter
+
+    return Built(MtpDrafter(target, ctx, p_min=opts.draft_p_min))
+
+
+_BUILDERS: dict[str, Callable[..., Built]] = {
+    "ngram-simple": _ngram_simple,
+    "ngram-mod": _ngram_mod,
+    "draft-simple": _draft_model,
+    "draft-mtp": _mtp,
+}
+
+
+def build_drafter(opts: "SpecOptions", target: "Model", ctx: "Context", sampling: "SamplingParams") -> Built:
+    """Drafter for opts.spec_types (already canonical and priority-ordered); None for plain decoding."""
+    unknown = [t for t in opts.spec_types if t not in _BUILDERS]
+    if unknown:
+        raise UsageError(f"speculative type {unknown[0]!r} is not implemented by llamaspec",
+                         f"use one of: {', '.join(SUPPORTED)}")
+    built = [_BUILDERS[t](opts, target, ctx, sampling) for t in opts.spec_types]
+    if not built:
+        return Built(None)
+    draft_model = next((b.draft_model for b in built if b.draft_model is not None), None)
+    if len(built) == 1:
+        return built[0]
+    return Built(ChainDrafter([b.drafter for b in built]), draft_model)

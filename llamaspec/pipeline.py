@@ -1,0 +1,92 @@
+"""Load a target (and whatever the chosen speculative types need) once, then generate many times.
+
+`SpecOptions` is what the user asked for (flags of `run`, `bench`, `batch`); `load_pipeline` turns
+it into loaded models, contexts and one drafter (a chain when several types are enabled), chosen
+by the one factory in `drafters/factory.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from llamaspec.drafters.base import Drafter
+from llamaspec.drafters.chain import order_by_priority
+from llamaspec.engine import GenerationConfig, SpecEngine
+from llamaspec.errors import UsageError
+from llamaspec.runtime import Context, ContextConfig, Model
+from llamaspec.verify import SamplingParams
+
+
+@dataclass
+class SpecOptions:
+    spec_types: list[str] = field(default_factory=list)   # llama.cpp names, priority-ordered
+    draft_path: Path | None = None
+    draft_max: int | None = None
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    adaptive: bool = True
+    n_ctx: int = 4096
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    n_gpu_layers_draft: int = 0
+
+
+# Draft length caps when the user gives none: n-gram drafts cost nothing to make, so long ones
+# pay when the text repeats (MEASURED.md: k=32 won on an easy rewrite); a draft model pays per token.
+DEFAULT_DRAFT_MAX = {"ngram": 32, "model": 8}
+
+
+def parse_spec_types(value: str | Sequence[str] | None) -> list[str]:
+    """`--spec-type` value (comma list, llama.cpp names or aliases) -> canonical names in priority order."""
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else [v for s in value for v in s.split(",")]
+    try:
+        return order_by_priority([i for i in items if i.strip()])
+    except ValueError as e:
+        raise UsageError(str(e), "e.g. --spec-type ngram-mod or --spec-type draft,ngram-simple") from None
+
+
+def default_draft_max(spec_types: Sequence[str]) -> int:
+    if any(t.startswith("draft-") for t in spec_types):
+        return DEFAULT_DRAFT_MAX["model"]
+    return DEFAULT_DRAFT_MAX["ngram"]
+
+
+@dataclass
+class Pipeline:
+    target: Model
+    ctx: Context
+    drafter: Drafter | None
+    engine: SpecEngine
+    options: SpecOptions
+    draft_model: Model | None = None
+
+    def config(self, **kw) -> GenerationConfig:
+        opts = self.options
+        draft_max = opts.draft_max if opts.draft_max is not None else default_draft_max(opts.spec_types)
+        return GenerationConfig(draft_max=draft_max, draft_min=opts.draft_min, adaptive=opts.adaptive, **kw)
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+        self.ctx.close()
+        self.target.close()
+        if self.draft_model is not None:
+            self.draft_model.close()
+
+
+def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingParams | None = None,
+                  target: Model | None = None) -> Pipeline:
+    """Load the target (unless given) and build the drafter for `options.spec_types`."""
+    from llamaspec.drafters.factory import build_drafter
+
+    if target is None:
+        target = Model(target_path, n_gpu_layers=options.n_gpu_layers,
+                       load_mtp="draft-mtp" in options.spec_types)
+    ctx = Context(target, ContextConfig(n_ctx=options.n_ctx, n_threads=options.n_threads))
+    built = build_drafter(options, target, ctx, sampling or SamplingParams(temperature=0.0))
+    engine = SpecEngine(target, ctx, built.drafter)
+    return Pipeline(target, ctx, built.drafter, engine, options, built.draft_model)
