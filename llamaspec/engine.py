@@ -59,8 +59,9 @@ class Generation:
     stats: SpecStats
 
 
-# on_text(text, n_accepted_in_step, source): streaming callback for new text.
-TextCallback = Callable[[str, int, str], None]
+# on_text(text, from_draft, source): streaming callback for new text; from_draft is True for
+# text of accepted draft tokens (for --color), source names the drafter.
+TextCallback = Callable[[str, bool, str], None]
 
 
 class StopStrings:
@@ -141,9 +142,9 @@ class SpecEngine:
         draft_s = verify_s = 0.0
 
         def emit(tokens: list[int], n_acc: int, source: str) -> bool:
-            """Append tokens to the output; True when generation must stop."""
+            """Append tokens (the first n_acc from the draft) to the output; True to stop."""
             nonlocal stop_reason
-            for tok in tokens:
+            for j, tok in enumerate(tokens):
                 if target.is_eog(tok):
                     stop_reason = "eos"
                     return True
@@ -152,7 +153,7 @@ class SpecEngine:
                 if piece:
                     text_parts.append(piece)
                     if on_text is not None:
-                        on_text(piece, n_acc, source)
+                        on_text(piece, j < n_acc, source)
                 if hit:
                     stop_reason = "stop"
                     return True
@@ -184,6 +185,8 @@ class SpecEngine:
                     draft = draft.truncated(k)
                 if 0 < len(draft) < config.draft_min:
                     draft = _NO_DRAFT
+                if draft and max(draft.tokens) >= target.n_vocab:
+                    draft = _valid_prefix(draft, target.n_vocab)  # a forced foreign-vocab draft
                 tb = time.perf_counter()
                 d = draft.tokens
                 last = history[-1]
@@ -220,7 +223,7 @@ class SpecEngine:
         if tail:
             text_parts.append(tail)
             if on_text is not None:
-                on_text(tail, 0, "")
+                on_text(tail, False, "")
         stats.gen_seconds = time.perf_counter() - t1
         stats.draft_seconds = draft_s
         stats.verify_seconds = verify_s
@@ -250,6 +253,12 @@ class SpecEngine:
 
 
 _NO_DRAFT = Draft([])
+
+
+def _valid_prefix(draft: Draft, n_vocab: int) -> Draft:
+    """The draft up to its first token id the target does not have (such a token is rejected anyway)."""
+    n = next(i for i, t in enumerate(draft.tokens) if t >= n_vocab)
+    return draft.truncated(n)
 
 
 def _recent(history: Sequence[int], params: SamplingParams) -> Sequence[int]:

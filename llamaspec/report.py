@@ -1,0 +1,61 @@
+"""What a generation reports: the JSON object of `run --json` and the human stats block."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llamaspec.engine import Generation
+
+
+def generation_dict(gen: Generation, *, spec_type: str, draft_model: str | None, model: str) -> dict[str, Any]:
+    s = gen.stats
+    d = s.to_dict()
+    return {
+        "text": gen.text,
+        "tokens": gen.tokens,
+        "model": model,
+        "n_prompt": gen.n_prompt,
+        "n_generated": len(gen.tokens),
+        "stop_reason": gen.stop_reason,
+        "spec_type": spec_type,
+        "draft_model": draft_model,
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "acceptance": s.acceptance,
+        "mean_accepted_length": s.mean_accepted_length,
+        "per_position_acceptance": s.per_position_acceptance,
+        "steps": s.steps,
+        "drafts": s.drafts,
+        "prompt_seconds": s.prompt_seconds,
+        "gen_seconds": s.gen_seconds,
+        "tokens_per_second": s.tokens_per_second,
+        "overhead_ms_per_step": 1000 * s.overhead_seconds / s.steps if s.steps else 0.0,
+        "per_drafter": d.get("per_drafter", {}),
+    }
+
+
+def render_stats(info: dict[str, Any], console) -> None:
+    """A compact block for stderr, in llama.cpp's words."""
+    n_gen, n_prompt = info["n_generated"], info["n_prompt"]
+    ps = info["prompt_seconds"]
+    console.print(
+        f"[bold]spec[/bold] {info['spec_type']}"
+        + (f"  [bold]draft[/bold] {info['draft_model']}" if info["draft_model"] else "")
+        + f"  [dim]stop: {info['stop_reason']}[/dim]"
+    )
+    console.print(
+        f"prompt {n_prompt} tokens in {ps:.2f} s"
+        + (f" ({n_prompt / ps:.0f} tok/s)" if ps > 0 else "")
+        + f" | generated {n_gen} tokens in {info['gen_seconds']:.2f} s: "
+        + f"[bold]{info['tokens_per_second']:.1f} tok/s[/bold]"
+    )
+    if info["drafted"]:
+        per_pos = " ".join(f"{100 * a:.0f}" for a in info["per_position_acceptance"][:16])
+        console.print(
+            f"drafted {info['drafted']}, accepted {info['accepted']} "
+            f"([bold]{100 * info['acceptance']:.1f}%[/bold]), mean accepted length "
+            f"{info['mean_accepted_length']:.2f} over {info['drafts']} drafts ({info['steps']} steps)"
+        )
+        console.print(f"[dim]per-position acceptance %: {per_pos}[/dim]")
+    elif info["spec_type"] != "none":
+        console.print("[dim]no drafts were made (nothing to draft from)[/dim]")

