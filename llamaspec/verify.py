@@ -100,9 +100,16 @@ def _top_k_sorted(logits: np.ndarray, k: int) -> np.ndarray:
     v = logits.shape[0]
     if k <= 0 or k >= v:
         return np.argsort(-logits, kind="stable")
-    mx = logits.max()
-    pool = np.flatnonzero(logits >= mx - 12.0)  # cheap superset of the top k when large enough
-    if pool.shape[0] < k:
+    # An exact, cheap superset of the top k: split the row into c >= k chunks; the k-th largest
+    # chunk maximum t has at least k logits >= t (the k maxima), so the top k are all >= t.
+    c = 4 * k
+    pool = None
+    if v >= 8 * c:
+        size = v // c
+        maxima = logits[:size * c].reshape(c, size).max(axis=1)
+        t = np.partition(maxima, c - k)[c - k]
+        pool = np.flatnonzero(logits >= t)
+    if pool is None or pool.shape[0] < k:
         pool = np.arange(v)
     if pool.shape[0] > k:
         part = np.argpartition(-logits[pool], k - 1)[:k]
@@ -119,7 +126,9 @@ def target_candidates(logits_row: np.ndarray, params: SamplingParams,
                       recent_tokens: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
     """The tokens the target may sample and their probabilities, by llama.cpp's chain.
 
-    Returns (ids, probs): int64 ids sorted by decreasing probability, float64 probs summing to 1.
+    Returns (ids, probs): int64 ids and float64 probs summing to 1; the ids are in decreasing
+    probability order when a truncation stage (top-k, top-p) is on, else in id order.
+    Matches llama.cpp up to float rounding (llama.cpp sums probabilities in float32).
     Stages, in llama.cpp's order and with its rules:
       penalties:   logit <= 0 -> logit * repeat_penalty, else logit / repeat_penalty; minus
                    count * frequency_penalty + presence_penalty, for ids in the recent tokens;
@@ -147,23 +156,28 @@ def target_candidates(logits_row: np.ndarray, params: SamplingParams,
     if params.penalties_on and len(recent_tokens):
         logits = _apply_penalties(logits, params, recent_tokens)
     v = logits.shape[0]
-    sorted_ = False
+    if params.temperature <= 0.0:
+        # greedy: top-k / top-p / min-p all keep the largest logit, temperature keeps only it
+        return np.array([int(np.argmax(logits))], dtype=np.int64), np.ones(1)
+    ids = None  # None: every id, in id order; else ids sorted by decreasing logit
     if 0 < params.top_k < v:
         ids = _top_k_sorted(logits, params.top_k)
-        sorted_ = True
-    else:
-        ids = None
     if params.top_p < 1.0:
-        if not sorted_:
-            ids = _top_k_sorted(logits, 0)
-            sorted_ = True
-        p = _softmax(logits[ids].astype(np.float64))
-        cum = np.cumsum(p)
-        ok = np.flatnonzero((cum >= params.top_p) & (np.arange(1, len(cum) + 1) >= params.min_keep))
+        if ids is None:
+            # llama.cpp's adaptive sort: try the 256 best first, sort everything only if needed
+            p_all = _softmax(logits.astype(np.float64))
+            ids = _top_k_sorted(logits, min(256, v))
+            cum = np.cumsum(p_all[ids])
+            if cum[-1] < params.top_p or ids.shape[0] < params.min_keep:
+                ids = _top_k_sorted(logits, 0)
+                cum = np.cumsum(p_all[ids])
+        else:
+            cum = np.cumsum(_softmax(logits[ids].astype(np.float64)))
+        ok = np.flatnonzero((cum >= params.top_p) & (np.arange(1, cum.shape[0] + 1) >= params.min_keep))
         if ok.shape[0]:
             ids = ids[:ok[0] + 1]
     if ids is None:
-        ids = np.arange(v)
+        ids = np.arange(v, dtype=np.int64)
     cand = logits[ids]
     if params.min_p > 0.0 and ids.shape[0]:
         min_logit = cand.max() + np.float32(math.log(params.min_p))
@@ -173,13 +187,7 @@ def target_candidates(logits_row: np.ndarray, params: SamplingParams,
         else:  # llama.cpp's sorted fallback: keep at least min_keep
             order = np.argsort(-cand, kind="stable")[:max(1, params.min_keep)]
             ids, cand = ids[order], cand[order]
-    if params.temperature <= 0.0:
-        i = int(np.argmax(cand))
-        return ids[i:i + 1].astype(np.int64), np.ones(1)
     probs = _softmax(cand.astype(np.float64) / params.temperature)
-    if not sorted_:
-        order = np.argsort(-probs, kind="stable")
-        ids, probs = ids[order], probs[order]
     return ids.astype(np.int64), probs
 
 
@@ -227,11 +235,13 @@ def step_sampler(params: SamplingParams, history: Sequence[int], draft_tokens: S
 
     Position i samples with recent tokens = history + draft_tokens[:i] (the draft tokens accepted
     so far, as llama.cpp's sampler has accepted them by then)."""
-    hist = list(history[-params.repeat_last_n:]) if params.repeat_last_n > 0 else list(history)
+    if not params.penalties_on:
+        return lambda i, row: sample_token(row, params, (), rng)
+    n = params.repeat_last_n
+    hist = list(history[-n:]) if n > 0 else list(history)
 
     def fn(i: int, row: np.ndarray) -> int:
-        recent = hist + list(draft_tokens[:i]) if params.penalties_on else ()
-        return sample_token(row, params, recent, rng)
+        return sample_token(row, params, hist + list(draft_tokens[:i]), rng)
 
     return fn
 

@@ -120,13 +120,29 @@ class NgramSimpleDrafter(Drafter):
         self._seqs: dict[int, _SimpleSeq] = {}
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int]) -> None:
-        self._seqs[seq_id] = _SimpleSeq()
+        s = self._seqs[seq_id] = _SimpleSeq()
+        # index the prompt now (the first propose() sees prompt + 1 token: same windows)
+        self._index(s, prompt_tokens, len(prompt_tokens))
 
     def end(self, seq_id: int) -> None:
         self._seqs.pop(seq_id, None)
 
     def close(self) -> None:
         self._seqs.clear()
+
+    def _index(self, s: _SimpleSeq, history: Sequence[int], cur_len: int) -> None:
+        """Index the start positions j in [s.next_j, cur_len - n - 1]: the ones llama.cpp's
+        backwards scan looks at when `tokens` has cur_len tokens."""
+        n = self.size_n
+        upto = cur_len - n - 1
+        if s.next_j <= upto:
+            index = s.index
+            h = history
+            for j in range(s.next_j, upto + 1):
+                index[tuple(h[j:j + n])] = j
+            s.next_j = upto + 1
+            s.seen_len = upto + n
+            s.seen_tok = history[upto + n - 1]
 
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
         n = self.size_n
@@ -137,15 +153,7 @@ class NgramSimpleDrafter(Drafter):
         if s is None or (s.seen_len and (len(history) < s.seen_len
                                          or history[s.seen_len - 1] != s.seen_tok)):
             s = self._seqs[seq_id] = _SimpleSeq()
-        upto = cur_len - n - 1  # last start position llama.cpp's backwards scan looks at
-        if s.next_j <= upto:
-            index = s.index
-            h = history
-            for j in range(s.next_j, upto + 1):
-                index[tuple(h[j:j + n])] = j
-            s.next_j = upto + 1
-            s.seen_len = upto + n
-            s.seen_tok = history[upto + n - 1]
+        self._index(s, history, cur_len)
         j = s.index.get(tuple(history[-n:]))
         if j is None:
             return Draft([], None, self.name)
@@ -225,6 +233,23 @@ class NgramModPool:
         n = self.n
         count = stop - start
         if count <= 0:
+            return
+        if count <= 128:  # few n-grams (the per-step case): roll the hash in Python
+            if len(tokens) < stop + n:
+                raise ValueError("add_range: tokens too short for the n-grams asked for")
+            win = [int(t) for t in tokens[start:stop + n]]
+            mv, size, p, used = self._mv, self.size, self.pow_n1, 0
+            h = 0
+            for t in win[:n]:
+                h = (h * LCG_MULTIPLIER + t) & _MASK64
+            for i in range(count):
+                if i:
+                    h = ((h - win[i - 1] * p) * LCG_MULTIPLIER + win[i + n - 1]) & _MASK64
+                slot = h % size
+                if mv[slot] == EMPTY:
+                    used += 1
+                mv[slot] = win[i + n]
+            self.used += used
             return
         arr = np.asarray(tokens[start:stop + n], dtype=np.int64)
         if arr.shape[0] < count + n:
@@ -376,13 +401,14 @@ class NgramModDrafter(Drafter):
 
     def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int],
                  is_other: bool = False) -> None:
-        if is_other:
-            return
         s = self._seqs.get(seq_id)
         if s is None or s.n_draft_last <= 0:
             return
-        f_acc = n_accepted / s.n_draft_last
+        n_draft = s.n_draft_last
         s.n_draft_last = 0  # each proposal is judged once
+        if is_other:
+            return
+        f_acc = n_accepted / n_draft
         if f_acc < self.low_acceptance:
             s.n_low += 1
             if s.n_low >= self.low_rounds:

@@ -5,6 +5,9 @@ Nothing here is imported by the CLI; `llama_cpp` is only imported inside functio
 
 from llamaspec.testing.tiny_models import (
     GENERATOR_VERSION,
+    SET_NAMES,
+    VARIANT_COMPATIBLE,
+    VARIANT_KINDS,
     Vocab,
     bpe_vocab,
     make_tiny_set,
@@ -17,6 +20,9 @@ from llamaspec.testing.tiny_models import (
 
 __all__ = [
     "GENERATOR_VERSION",
+    "SET_NAMES",
+    "VARIANT_COMPATIBLE",
+    "VARIANT_KINDS",
     "Vocab",
     "bpe_vocab",
     "make_tiny_set",

@@ -1,0 +1,341 @@
+"""Adaptive draft length: pick k from measured acceptance and measured costs.
+
+No fixed k is right (MEASURED.md: on an easy prompt k=32 wins, on a harder one k=8), so before
+each step the engine asks `DraftLengthController.choose()` for k and afterwards reports what
+happened with `observe()`.
+
+Model. A step that drafts k tokens yields E(k) tokens in expectation, the bonus token included:
+
+    E(k) = 1 + sum_{j=1..k} prod_{i=1..j} a_i
+
+where a_i is the probability that draft position i is accepted given that positions 1..i-1 were.
+With one geometric rate a_i = alpha this is (1 - alpha^(k+1)) / (1 - alpha). The step costs,
+in units of one plain decode step,
+
+    C(k) = c(k) + d * k
+
+with c(k) the cost of verifying k draft tokens (a target batch of k+1 tokens) and d the cost of
+drafting one token (about 0 for n-gram drafters, which the timings show by themselves: no
+branching on the drafter type). The controller picks the k in [n_min, n_max] that maximises the
+rate E(k) / C(k); a plain decode step has rate 1.
+
+Estimates:
+- a_i: per-position counts of accepted / observed with exponential forgetting (`decay` per step),
+  shrunk towards a pooled rate (itself shrunk towards `prior_alpha`), so positions never drafted
+  yet fall back to the pooled rate. A step with k drafted and n accepted observes positions
+  1..n as accepted and position n+1 (when n < k) as rejected: the censored-geometric counts.
+- c(k), d: `CostModel`, fitted online from step timings (t = a + b * n_tokens by decayed least
+  squares) or given.
+
+Fallback: when the per-token acceptance over the last `window` drafted steps (accepted /
+(accepted + rejections)) is below `off_acceptance`, or when even the best k is not worth it
+(rate < `min_gain`), the controller returns 0 (do not draft) for `pause` steps, then probes once
+with `probe_k`; a probe with nothing accepted doubles the pause (up to `max_pause`), a probe with
+at least one token accepted resumes drafting (with `window` steps of grace to re-measure).
+
+Everything is deterministic given the observations.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+__all__ = ["CostModel", "DraftLengthController", "expected_tokens_geometric"]
+
+
+def expected_tokens_geometric(alpha: float, k: int) -> float:
+    """Expected tokens per step with draft length k and per-token acceptance alpha (bonus included).
+
+        >>> expected_tokens_geometric(0.5, 2)     # 1 + .5 + .25
+        1.75
+        >>> expected_tokens_geometric(1.0, 4)
+        5.0
+    """
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+class CostModel:
+    """Costs relative to one plain decode step (a target batch of 1 token).
+
+    verify_ratio(k) = t(k + 1) / t(1), draft_ratio = seconds per drafted token / t(1).
+    t(n) = a + b * n is fitted by least squares with exponential forgetting over observed
+    (batch size, seconds) pairs. Until the batch sizes seen vary enough to fit a slope,
+    b / a = `default_slope` (MEASURED.md: on CPU a batch of 8 costs about one decode step).
+    `verify_ratio_fn` / `draft_ratio_value`, when given, replace the measurements.
+
+        >>> cm = CostModel()
+        >>> for n, t in [(1, 0.030), (5, 0.034), (9, 0.038)] * 3:
+        ...     cm.observe_verify(n, t)
+        >>> round(cm.verify_ratio(8), 3)            # t(9) / t(1) = 0.038 / 0.030
+        1.267
+        >>> cm.observe_draft(4, 0.006); round(cm.draft_ratio, 3)   # 1.5 ms per token / 30 ms
+        0.05
+    """
+
+    def __init__(self, verify_ratio_fn: Callable[[int], float] | None = None,
+                 draft_ratio_value: float | None = None, default_slope: float = 0.02,
+                 decay: float = 0.98):
+        self.verify_ratio_fn = verify_ratio_fn
+        self.draft_ratio_value = draft_ratio_value
+        self.default_slope = default_slope
+        self.decay = decay
+        self._w = self._sn = self._snn = self._st = self._snt = 0.0
+        self._draft_s = self._draft_n = 0.0
+
+    def observe_verify(self, n_tokens: int, seconds: float) -> None:
+        """A target step that evaluated `n_tokens` tokens (1 for a plain decode) took `seconds`."""
+        if n_tokens < 1 or not seconds > 0.0:
+            return
+        g = self.decay
+        self._w = self._w * g + 1.0
+        self._sn = self._sn * g + n_tokens
+        self._snn = self._snn * g + n_tokens * n_tokens
+        self._st = self._st * g + seconds
+        self._snt = self._snt * g + n_tokens * seconds
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        """Drafting `n_tokens` tokens took `seconds`."""
+        if seconds < 0.0:
+            return
+        g = self.decay
+        self._draft_s = self._draft_s * g + seconds
+        self._draft_n = self._draft_n * g + n_tokens
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b) of t(n) = a + b * n, or None before any timing."""
+        if self._w <= 0.0:
+            return None
+        mean_n = self._sn / self._w
+        mean_t = self._st / self._w
+        var_n = self._snn / self._w - mean_n * mean_n
+        if self._w >= 3.0 and var_n >= 0.5:
+            b = (self._snt / self._w - mean_n * mean_t) / var_n
+            b = max(b, 0.0)
+            a = mean_t - b * mean_n
+            if a <= 0.0:  # time proportional to the batch size, or noise: keep a sane intercept
+                a = mean_t / (1.0 + self.default_slope * mean_n)
+                b = a * self.default_slope if b <= 0.0 else (mean_t - a) / mean_n
+            return a, b
+        a = mean_t / (1.0 + self.default_slope * mean_n)
+        return a, a * self.default_slope
+
+    @property
+    def decode_seconds(self) -> float | None:
+        """Estimated time of one plain decode step t(1)."""
+        ab = self.line()
+        return None if ab is None else ab[0] + ab[1]
+
+    def verify_ratio(self, k: int) -> float:
+        """Cost of a verify step with k draft tokens / cost of a plain decode step."""
+        if self.verify_ratio_fn is not None:
+            return float(self.verify_ratio_fn(k))
+        ab = self.line()
+        if ab is None:
+            s = self.default_slope
+            return (1.0 + s * (k + 1)) / (1.0 + s)
+        a, b = ab
+        return (a + b * (k + 1)) / (a + b)
+
+    def verify_ratios(self, k_max: int) -> list[float]:
+        """[verify_ratio(k) for k in 0..k_max], computed at once."""
+        if self.verify_ratio_fn is not None:
+            return [float(self.verify_ratio_fn(k)) for k in range(k_max + 1)]
+        ab = self.line()
+        if ab is None:
+            a, b = 1.0, self.default_slope
+        else:
+            a, b = ab
+        t1 = a + b
+        return [(a + b * (k + 1)) / t1 for k in range(k_max + 1)]
+
+    @property
+    def draft_ratio(self) -> float:
+        """Cost of drafting one token / cost of a plain decode step (0 before any timing)."""
+        if self.draft_ratio_value is not None:
+            return self.draft_ratio_value
+        t1 = self.decode_seconds
+        if not t1 or self._draft_n <= 0.0:
+            return 0.0
+        return (self._draft_s / self._draft_n) / t1
+
+
+class DraftLengthController:
+    """Chooses the draft length k of each step for one sequence (see the module docstring).
+
+    choose() -> k (0: do not draft this step); observe(n_drafted, n_accepted, ...) after each
+    step, plain steps included (n_drafted=0). One controller per sequence; a CostModel may be
+    shared between them.
+    """
+
+    def __init__(self, n_min: int = 1, n_max: int = 16, cost: CostModel | None = None, *,
+                 decay: float = 0.9, prior_alpha: float = 0.6, prior_weight: float = 2.0,
+                 position_weight: float = 2.0, min_gain: float = 1.05,
+                 off_acceptance: float = 0.1, window: int = 16, pause: int = 8,
+                 max_pause: int = 128, probe_k: int | None = None):
+        if not 0 <= n_min <= n_max:
+            raise ValueError(f"need 0 <= n_min <= n_max (got {n_min}, {n_max})")
+        self.n_min = max(1, n_min)
+        self.n_max = n_max
+        self.cost = cost if cost is not None else CostModel()
+        self.decay = decay
+        self.prior_alpha = prior_alpha
+        self.prior_weight = prior_weight
+        self.position_weight = position_weight
+        self.min_gain = min_gain
+        self.off_acceptance = off_acceptance
+        self.window = window
+        self.pause = pause
+        self.max_pause = max_pause
+        self.probe_k = min(n_max, max(self.n_min, 4)) if probe_k is None else probe_k
+        self._num = [0.0] * n_max  # decayed accepted counts per position
+        self._den = [0.0] * n_max  # decayed observed counts per position
+        self._pool_num = 0.0
+        self._pool_den = 0.0
+        self._recent: deque[tuple[int, int]] = deque(maxlen=window)
+        self._pause_left = 0
+        self._pause_len = pause
+        self._probing = False
+        self._grace = 0
+        self.last_k = 0
+        self.n_pauses = 0
+
+    # -- estimates ----------------------------------------------------------------------------
+
+    @property
+    def alpha(self) -> float:
+        """Pooled acceptance rate (per position, conditional on the previous ones accepted)."""
+        w = self.prior_weight
+        return (self._pool_num + w * self.prior_alpha) / (self._pool_den + w)
+
+    def position_alphas(self) -> list[float]:
+        """a_i for i = 1..n_max."""
+        pooled = self.alpha
+        w = self.position_weight
+        return [(num + w * pooled) / (den + w) for num, den in zip(self._num, self._den)]
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k): expected tokens of a step drafting k tokens, bonus included."""
+        total, run = 1.0, 1.0
+        for a in self.position_alphas()[:k]:
+            run *= a
+            total += run
+        return total
+
+    def rate(self, k: int) -> float:
+        """E(k) / C(k): expected tokens per unit of plain-decode cost."""
+        if k <= 0:
+            return 1.0
+        return self.expected_tokens(k) / (self.cost.verify_ratio(k) + self.cost.draft_ratio * k)
+
+    def best(self) -> tuple[int, float]:
+        """(k, rate) maximising the rate over [n_min, n_max] (the smallest k on ties)."""
+        alphas = self.position_alphas()
+        d = self.cost.draft_ratio
+        c = self.cost.verify_ratios(self.n_max)
+        best_k, best_r = self.n_min, -1.0
+        total, run = 1.0, 1.0
+        for k in range(1, self.n_max + 1):
+            run *= alphas[k - 1]
+            total += run
+            if k < self.n_min:
+                continue
+            r = total / (c[k] + d * k)
+            if r > best_r + 1e-12:
+                best_k, best_r = k, r
+        return best_k, best_r
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def choose(self) -> int:
+        """Draft length for the next step; 0 means: do not draft (plain decode step)."""
+        self.last_k = self._choose()
+        return self.last_k
+
+    def _choose(self) -> int:
+        if self.n_max <= 0:
+            return 0
+        if self._pause_left > 0:
+            self._pause_left -= 1
+            return 0
+        if self._probing:
+            return self.probe_k
+        k, r = self.best()
+        if r < self.min_gain and self._grace == 0:
+            self._start_pause()
+            return self._choose()
+        return k
+
+    def observe(self, n_drafted: int, n_accepted: int, verify_seconds: float | None = None,
+                draft_seconds: float | None = None) -> None:
+        """Report a step: `n_drafted` draft tokens verified (0: plain step), `n_accepted` accepted;
+        optional timings of the target step and of drafting."""
+        if n_accepted > n_drafted:
+            raise ValueError(f"accepted {n_accepted} > drafted {n_drafted}")
+        if verify_seconds is not None:
+            self.cost.observe_verify(n_drafted + 1, verify_seconds)
+        if draft_seconds is not None:
+            self.cost.observe_draft(n_drafted, draft_seconds)
+        if n_drafted <= 0:
+            return
+        g = self.decay
+        self._num = [x * g for x in self._num]
+        self._den = [x * g for x in self._den]
+        self._pool_num *= g
+        self._pool_den *= g
+        limit = min(n_drafted, self.n_max)
+        for i in range(min(n_accepted, limit)):
+            self._num[i] += 1.0
+            self._den[i] += 1.0
+        if n_accepted < limit:
+            self._den[n_accepted] += 1.0
+        self._pool_num += n_accepted
+        self._pool_den += n_accepted + (1 if n_accepted < n_drafted else 0)
+        if self._grace > 0:
+            self._grace -= 1
+        if self._probing:
+            self._probing = False
+            if n_accepted > 0:
+                self._pause_len = self.pause  # the probe worked: resume, re-measure for a while
+                self._grace = self.window
+            else:
+                self._pause_len = min(2 * self._pause_len, self.max_pause)
+                self._start_pause()
+            return
+        self._recent.append((n_accepted, 1 if n_accepted < n_drafted else 0))
+        if len(self._recent) == self.window and self._grace == 0:
+            if self.window_alpha() < self.off_acceptance:
+                self._start_pause()
+
+    def window_alpha(self) -> float:
+        """Per-token acceptance over the last `window` drafted steps: accepted / (accepted +
+        rejections), the censored-geometric estimate (it does not depend on the draft lengths)."""
+        acc = sum(a for a, _ in self._recent)
+        rej = sum(r for _, r in self._recent)
+        return acc / (acc + rej) if acc + rej else 1.0
+
+    def _start_pause(self) -> None:
+        """Stop drafting for the current pause length, then probe once."""
+        self._pause_left = self._pause_len
+        self._probing = True
+        self._recent.clear()
+        self.n_pauses += 1
+
+    @property
+    def paused(self) -> bool:
+        return self._pause_left > 0
+
+    def to_dict(self) -> dict:
+        k, r = self.best()
+        return {
+            "k": self.last_k,
+            "best_k": k,
+            "best_rate": r,
+            "alpha": self.alpha,
+            "verify_ratio_best": self.cost.verify_ratio(k),
+            "draft_ratio": self.cost.draft_ratio,
+            "paused": self.paused,
+            "n_pauses": self.n_pauses,
+        }

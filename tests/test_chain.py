@@ -1,0 +1,137 @@
+"""Tests of ChainDrafter (first non-empty draft wins, credit, feedback) and the priority order."""
+
+from __future__ import annotations
+
+import doctest
+
+import numpy as np
+import pytest
+
+from llamaspec.drafters import chain as chain_mod
+from llamaspec.drafters import ChainDrafter, Draft, Drafter, NgramModDrafter, NgramSimpleDrafter
+from llamaspec.drafters.chain import PRIORITY, canonical_name, order_by_priority
+
+
+class Fake(Drafter):
+    def __init__(self, name, tokens, probs=None):
+        self.name = name
+        self.tokens = tokens
+        self.probs = probs
+        self.log = []
+
+    def begin(self, seq_id, prompt_tokens):
+        self.log.append(("begin", seq_id, list(prompt_tokens)))
+
+    def propose(self, seq_id, history, n_max):
+        self.log.append(("propose", seq_id, n_max))
+        return Draft(list(self.tokens), self.probs)
+
+    def accepted(self, seq_id, n_accepted, new_tokens, is_other=False):
+        self.log.append(("accepted", seq_id, n_accepted, list(new_tokens), is_other))
+
+    def end(self, seq_id):
+        self.log.append(("end", seq_id))
+
+    def close(self):
+        self.log.append(("close",))
+
+
+def test_docstring_examples():
+    assert doctest.testmod(chain_mod).failed == 0
+
+
+def test_priority_is_llama_cpp_order():
+    assert PRIORITY[:5] == ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+    assert PRIORITY[5:] == ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+
+
+def test_order_by_priority_and_aliases():
+    assert order_by_priority(["draft-mtp", "ngram-mod"]) == ["ngram-mod", "draft-mtp"]
+    assert order_by_priority(["draft", "mtp", "ngram-simple"]) == ["ngram-simple", "draft-simple", "draft-mtp"]
+    assert order_by_priority(["none"]) == []
+    assert canonical_name("Draft") == "draft-simple"
+    with pytest.raises(ValueError, match="unknown speculative type 'ngram'"):
+        canonical_name("ngram")
+
+
+def test_first_non_empty_draft_wins_and_is_credited():
+    a, b, c = Fake("a", []), Fake("b", [5, 6, 7]), Fake("c", [9])
+    ch = ChainDrafter([a, b, c])
+    d = ch.propose(0, [1, 2, 3], 8)
+    assert d.tokens == [5, 6, 7] and d.source == "b"
+    assert [x[0] for x in a.log] == ["propose"] and [x[0] for x in b.log] == ["propose"]
+    assert c.log == []  # never asked
+    assert (ch.credit["a"].calls, ch.credit["a"].drafts) == (1, 0)
+    assert (ch.credit["b"].calls, ch.credit["b"].drafts, ch.credit["b"].drafted) == (1, 1, 3)
+    assert ch.credit["c"].calls == 0
+
+
+def test_draft_is_cut_to_n_max_with_its_probs():
+    probs = [np.full(4, 0.25)] * 5
+    ch = ChainDrafter([Fake("a", [1, 2, 3, 4, 5], probs)])
+    d = ch.propose(0, [0], 2)
+    assert d.tokens == [1, 2] and len(d.probs) == 2
+    assert ch.credit["a"].drafted == 2
+    assert ch.propose(0, [0], 0).tokens == []
+
+
+def test_feedback_goes_to_all_with_is_other():
+    a, b, c = Fake("a", []), Fake("b", [5, 6, 7]), Fake("c", [9])
+    ch = ChainDrafter([a, b, c])
+    ch.propose(3, [1], 8)
+    ch.accepted(3, 2, [5, 6, 0])
+    assert a.log[-1] == ("accepted", 3, 2, [5, 6, 0], True)
+    assert b.log[-1] == ("accepted", 3, 2, [5, 6, 0], False)
+    assert c.log[-1] == ("accepted", 3, 2, [5, 6, 0], True)
+    assert ch.credit["b"].accepted == 2 and ch.credit["b"].accepted_per_position == [1, 1]
+    # a step without a draft: everybody hears about it as "other", nobody is credited
+    ch2 = ChainDrafter([Fake("x", []), Fake("y", [])])
+    assert not ch2.propose(0, [1], 4)
+    ch2.accepted(0, 0, [4])
+    assert all(d.log[-1] == ("accepted", 0, 0, [4], True) for d in ch2.drafters)
+    assert all(c.accepted == 0 for c in ch2.credit.values())
+
+
+def test_winner_is_per_sequence_and_consumed():
+    a = Fake("a", [1])
+    ch = ChainDrafter([a])
+    ch.propose(0, [0], 4)
+    ch.propose(1, [0], 4)
+    ch.accepted(1, 1, [1, 2])
+    ch.accepted(0, 0, [3])
+    ch.accepted(0, 0, [3])  # no pending draft any more: is_other
+    assert [x[-1] for x in a.log if x[0] == "accepted"] == [False, False, True]
+    assert ch.credit["a"].accepted == 1
+
+
+def test_lifecycle_is_forwarded():
+    a, b = Fake("a", []), Fake("b", [])
+    ch = ChainDrafter([a, b])
+    ch.begin(2, [1, 2])
+    ch.end(2)
+    ch.close()
+    for d in (a, b):
+        assert d.log == [("begin", 2, [1, 2]), ("end", 2), ("close",)]
+
+
+def test_chain_rejects_duplicates_and_empty():
+    with pytest.raises(ValueError):
+        ChainDrafter([])
+    with pytest.raises(ValueError):
+        ChainDrafter([Fake("a", []), Fake("a", [])])
+
+
+def test_chain_of_real_ngram_drafters():
+    # ngram-simple needs > size_n + size_m + 1 tokens; ngram-mod drafts from its pool
+    simple = NgramSimpleDrafter(size_n=2, size_m=3)
+    mod = NgramModDrafter(n_match=2, n_min=0, n_max=8, pool_size=1 << 12, index_chunk=0)
+    ch = ChainDrafter([simple, mod])
+    prompt = [1, 2, 3, 4, 5]
+    ch.begin(0, prompt)
+    d = ch.propose(0, prompt + [1, 2], 8)   # too short for ngram-simple -> ngram-mod
+    assert d.source == "ngram-mod" and d.tokens == [3, 4, 5, 1]
+    ch.accepted(0, 3, [3, 4, 5, 9])  # the target accepted 3, then said 9
+    h = prompt + [1, 2, 3, 4, 5, 9, 1, 2]
+    d = ch.propose(0, h, 8)
+    assert d.source == "ngram-simple" and d.tokens == [3, 4, 5]
+    assert ch.credit["ngram-mod"].accepted == 3 and ch.credit["ngram-simple"].calls == 2
