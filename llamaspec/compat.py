@@ -14,6 +14,7 @@ architecture family, size ratio, chat template) are reported too but never decid
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from llamaspec.gguf_header import GGUFHeader
@@ -250,9 +251,11 @@ def soft_facts(target: GGUFHeader, draft: GGUFHeader) -> dict[str, Any]:
 # ---- entry points ------------------------------------------------------------------------------
 
 
-def check_headers(target: GGUFHeader, draft: GGUFHeader) -> Verdict:
-    """The verdict for two parsed headers."""
-    tv, dv = vocab_from_header(target), vocab_from_header(draft)
+def check_headers(target: GGUFHeader, draft: GGUFHeader, *, target_vocab: VocabInfo | None = None,
+                  draft_vocab: VocabInfo | None = None) -> Verdict:
+    """The verdict for two parsed headers (pass already-resolved vocabularies to save time)."""
+    tv = target_vocab or vocab_from_header(target)
+    dv = draft_vocab or vocab_from_header(draft)
     rules, first = compare_vocabs(tv, dv)
     return Verdict(rules, first, soft_facts(target, draft), describe(target, tv), describe(draft, dv))
 
@@ -265,8 +268,19 @@ def check_files(target_path, draft_path) -> Verdict:
 
 
 def check_refs(target_ref: str, draft_ref: str, *, offline: bool = False) -> Verdict:
-    """The verdict for two model references (paths or Hub refs), reading only their headers."""
-    from llamaspec import hub
+    """The verdict for two model references (paths or Hub refs), reading only their headers.
 
-    return check_headers(hub.read_model_header(target_ref, offline=offline),
-                         hub.read_model_header(draft_ref, offline=offline))
+    A local draft whose token bytes equal the target's reuses the target's decoded texts
+    (discovery.light_header): the same result as a full parse, at a fraction of the time.
+    """
+    from llamaspec import discovery, hub
+
+    target = hub.read_model_header(target_ref, offline=offline)
+    draft = None
+    local = hub.classify(draft_ref)
+    if not isinstance(local, hub.HubRef) and Path(target.source).is_file():
+        raw = discovery.target_tokens(target)
+        draft = discovery.light_header(Path(local), raw) if raw else None
+    if draft is None:
+        draft = hub.read_model_header(draft_ref, offline=offline)
+    return check_headers(target, draft)

@@ -1,0 +1,297 @@
+"""`--draft auto`: pick how to draft for a target, and say why.
+
+Order (first that applies wins):
+  1. mtp        the target's own MTP/NextN heads (nextn_predict_layers > 0), or an mtp-*.gguf
+                sidecar beside the target file (how Gemma 4 / Qwen3.6 repos ship them);
+  2. draft      a compatible GGUF already on disk, clearly smaller than the target: same
+                architecture family first, very-low-bit quants last, then the smallest file;
+  3. draft      the registry's recommended draft for the target's family, checked on its Hub
+                header and downloaded through hub.resolve_model (never when offline);
+  4. ngram-mod  drafts from the text itself: needs no model, always available.
+Also `check_explicit_draft` for a user-given draft: refuses an incompatible pair unless forced.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from llamaspec import compat, discovery
+from llamaspec.compat import Verdict
+from llamaspec.errors import HubError, IncompatiblePairError, LlamaspecError
+from llamaspec.gguf_header import GGUFHeader, read_file
+from llamaspec.vocab import VocabInfo, vocab_from_header
+
+# A draft costing more than this fraction of the target per token rarely pays off (file size is
+# the cost proxy: decoding is memory-bound).
+MAX_SIZE_RATIO = 0.6
+# Drafts this coarse accept too few tokens to be a first choice.
+_LOW_BIT = ("IQ1", "IQ2", "Q2_", "TQ1", "TQ2", "Q1_")
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    kind: str                        # "mtp" | "draft" | "ngram-mod"
+    path: Path | None                # the draft GGUF; for mtp: a sidecar, or None = heads inside the target
+    reason: str                      # one line: why this one
+    verdict: Verdict | None = None   # for kind "draft": the compatibility verdict against the target
+    source: str = "fallback"         # target | sidecar | disk | registry | fallback
+    label: str | None = None         # how people name the draft (repo:quant, file, Ollama name)
+    considered: tuple[str, ...] = ()  # what each earlier step found, for -v and `pair`
+    would_download: bool = False     # dry run: the registry draft that would be downloaded (path None)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "path": str(self.path) if self.path else None, "label": self.label,
+                "source": self.source, "reason": self.reason, "would_download": self.would_download,
+                "considered": list(self.considered),
+                "verdict": self.verdict.to_dict() if self.verdict else None}
+
+
+# ---- step 1: MTP -------------------------------------------------------------------------------
+
+
+def find_mtp_sidecar(target_path: Path) -> Path | None:
+    """An mtp-*.gguf (or *-mtp-*.gguf) beside the target whose header has MTP heads."""
+    try:
+        entries = sorted(target_path.parent.iterdir())
+    except OSError:
+        return None
+    for p in entries:
+        low = p.name.lower()
+        if p == target_path or not low.endswith(".gguf"):
+            continue
+        if not (low.startswith("mtp-") or "-mtp-" in low or low[:-5].endswith("-mtp")):
+            continue
+        pk = discovery.peek(p)
+        if pk is not None and (pk.nextn_predict_layers > 0 or (pk.architecture or "").endswith("-assistant")):
+            return p
+    return None
+
+
+def mtp_choice(header: GGUFHeader, *, sidecars: bool = False, notes: list[str] | None = None) -> DraftChoice | None:
+    """MTP heads in the target, else (with `sidecars`) an MTP sidecar file beside it.
+
+    Sidecars are off by default: the MTP drafter drives heads inside the target model only, so a
+    sidecar is reported in `notes` instead of being chosen.
+    """
+    n = header.nextn_predict_layers
+    if n > 0:
+        return DraftChoice("mtp", None, f"the target carries its own MTP heads ({n} NextN layer{'s' if n > 1 else ''}): "
+                                        "no separate draft model needed", source="target", label="built-in MTP heads")
+    src = Path(header.source)
+    side = find_mtp_sidecar(src) if src.is_file() else None
+    if side is not None and sidecars:
+        return DraftChoice("mtp", side, f"MTP sidecar {side.name} beside the target", source="sidecar",
+                           label=side.name)
+    if side is not None and notes is not None:
+        notes.append(f"MTP sidecar {side.name} beside the target is not used (sidecar MTP heads are not supported yet)")
+    return None
+
+
+# ---- step 2: on disk ---------------------------------------------------------------------------
+
+
+def _low_bit(file_type: str | None) -> bool:
+    return bool(file_type) and file_type.upper().startswith(_LOW_BIT)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def pick_disk_draft(header: GGUFHeader, candidates: Sequence[discovery.Candidate]
+                    ) -> tuple[discovery.Candidate | None, str]:
+    """The best compatible file on disk for `header`, and one line on the pick (or on why none)."""
+    target_size = header.file_size or 0
+    fam = compat.arch_family(header.architecture)
+    compatible = [c for c in candidates if c.compatible]
+    if not compatible:
+        return None, "no compatible GGUF on disk"
+    usable, too_big = [], []
+    for c in compatible:
+        ratio = c.size / target_size if target_size else 0.0
+        (usable if ratio <= MAX_SIZE_RATIO else too_big).append(c)
+    if not usable:
+        return None, (f"{len(too_big)} compatible GGUF(s) on disk, none small enough to pay off "
+                      f"(drafts must be <= {MAX_SIZE_RATIO:.0%} of the target's size)")
+
+    def key(c: discovery.Candidate):
+        return (compat.arch_family(c.architecture or "") != fam, _low_bit(c.file_type), c.size)
+
+    usable.sort(key=key)
+    best = usable[0]
+    ratio = best.size / target_size if target_size else 0.0
+    same = compat.arch_family(best.architecture or "") == fam
+    why = (f"smallest compatible {'same-family ' if same else ''}GGUF on disk: {best.label} "
+           f"({_mb(best.size)}, {ratio:.0%} of the target's size)")
+    others = len(usable) - 1 + len(too_big)
+    if others:
+        why += f"; {others} other compatible file{'s' if others > 1 else ''} passed over"
+    if _low_bit(best.file_type):
+        why += f" (note: {best.file_type} is a very low-bit quant; expect lower acceptance)"
+    return best, why
+
+
+# ---- step 3: registry --------------------------------------------------------------------------
+
+
+def _package_file(spec: str | None, file: str | None) -> Path | None:
+    """A GGUF shipped inside an installed PyPI package (registry `package` entries)."""
+    if not file:
+        return None
+    for base in sys.path:
+        p = Path(base or ".") / file
+        if p.is_file():
+            return p
+    return None
+
+
+def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allow_download: bool,
+                    dry_run: bool, notes: list[str]) -> DraftChoice | None:
+    from llamaspec import hub, registry
+
+    try:
+        reg = registry.load_registry()
+    except LlamaspecError as exc:
+        notes.append(f"registry unavailable: {exc.message}")
+        return None
+    matches = reg.match(header.architecture, vocab)
+    if not matches:
+        notes.append(f"registry: no family for architecture {header.architecture} with this vocabulary")
+        return None
+    if all(m.family.mtp for m in matches):
+        notes.append(f"registry: family {matches[0].family.name} is MTP-capable, but this file has no MTP heads")
+    suggestions = reg.suggestions(matches, header.n_params)
+    if not suggestions:
+        notes.append(f"registry: family {matches[0].family.name} lists no draft smaller than the target")
+        return None
+    hub_down = skipped_hub = False
+    for s in suggestions:
+        d = s.draft
+        if d.package:
+            p = _package_file(d.package, d.file)
+            if p is None:
+                notes.append(f"registry draft {d.label}: package not installed")
+                continue
+            try:
+                v = compat.check_headers(header, read_file(p), target_vocab=vocab)
+            except LlamaspecError as exc:
+                notes.append(f"registry draft {d.label}: {exc.message}")
+                continue
+            if v.compatible:
+                return DraftChoice("draft", p, f"registry draft {d.id} from an installed package ({s.reason})",
+                                   v, source="registry", label=d.label)
+            notes.append(f"registry draft {d.label}: {v.reason}")
+            continue
+        if d.ref is None:
+            continue  # a local requantization: nothing to fetch
+        if offline or not allow_download:
+            if not skipped_hub:  # one note is enough; an installed package draft may still follow
+                notes.append(f"registry suggests {d.ref} ({s.pair.status if s.pair else 'unverified'}); "
+                             f"{'offline' if offline else 'downloads not allowed'}: not downloading")
+            skipped_hub = True
+            continue
+        if dry_run:
+            return DraftChoice("draft", None, f"would download the registry's draft {d.ref} ({s.reason}; "
+                               f"status {s.pair.status if s.pair else 'unverified'})", source="registry",
+                               label=d.ref, would_download=True)
+        if hub_down:
+            continue
+        try:  # check the Hub file's header before downloading the weights
+            v = compat.check_headers(header, hub.read_model_header(d.ref), target_vocab=vocab)
+        except HubError as exc:
+            notes.append(f"registry draft {d.ref}: {exc.message}")
+            # Network down (hub.failures.network_down): do not wait on every other suggestion too.
+            hub_down = exc.message.startswith("cannot reach")
+            continue
+        except LlamaspecError as exc:
+            notes.append(f"registry draft {d.ref}: {exc.message}")
+            continue
+        if not v.compatible:
+            notes.append(f"registry draft {d.ref} does not match this target: {v.reason}")
+            continue
+        try:
+            path = Path(hub.resolve_model(d.ref))
+        except LlamaspecError as exc:
+            notes.append(f"registry draft {d.ref}: {exc.message}")
+            continue
+        if not path.is_file():
+            notes.append(f"registry draft {d.ref}: download not available")
+            continue
+        return DraftChoice("draft", path, f"registry's draft {d.ref}, downloaded ({s.reason})", v,
+                           source="registry", label=d.ref)
+    return None
+
+
+# ---- the whole chain ---------------------------------------------------------------------------
+
+
+def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Candidate] | None = None,
+                      search_dirs: Iterable[str | os.PathLike[str]] = (), default_dirs: bool = True,
+                      offline: bool = False, allow_download: bool = True, dry_run: bool = False,
+                      mtp_sidecars: bool = False) -> DraftChoice:
+    """`choose_draft` for an already-read target header (and optionally an already-done disk scan)."""
+    notes: list[str] = []
+    choice = mtp_choice(header, sidecars=mtp_sidecars, notes=notes)
+    if choice is not None:
+        return choice
+    notes.insert(0, "no MTP heads in the target")
+    vocab = vocab_from_header(header)
+    if candidates is None:
+        roots = (discovery.default_roots() if default_dirs else []) + discovery.search_roots(search_dirs)
+        candidates = discovery.scan(header, roots, target_vocab=vocab)
+    best, why = pick_disk_draft(header, candidates)
+    if best is not None:
+        return DraftChoice("draft", best.path, why, best.verdict, source="disk", label=best.label,
+                           considered=tuple(notes))
+    notes.append(why)
+    choice = registry_choice(header, vocab, offline=offline, allow_download=allow_download, dry_run=dry_run,
+                             notes=notes)
+    if choice is not None:
+        return DraftChoice(choice.kind, choice.path, choice.reason, choice.verdict, choice.source, choice.label,
+                           tuple(notes), choice.would_download)
+    return DraftChoice("ngram-mod", None, "no model draft available (" + "; ".join(notes[1:] or notes)
+                       + "): n-gram drafting from the text itself", source="fallback", label="ngram-mod",
+                       considered=tuple(notes))
+
+
+def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str]] = (), offline: bool = False,
+                 allow_download: bool = True, default_dirs: bool = True, dry_run: bool = False,
+                 mtp_sidecars: bool = False) -> DraftChoice:
+    """Resolve `--draft auto` for `target_ref` (a path or Hub ref); headers only, no weights loaded.
+
+    offline forbids any network use; allow_download=False allows Hub header reads but no download;
+    dry_run reports what would be downloaded instead of downloading it; mtp_sidecars lets an
+    mtp-*.gguf beside the target count as MTP (kind "mtp" with `path` = the sidecar).
+    """
+    from llamaspec import hub
+
+    header = hub.read_model_header(target_ref, offline=offline)
+    return choose_for_header(header, search_dirs=search_dirs, default_dirs=default_dirs, offline=offline,
+                             allow_download=allow_download, dry_run=dry_run, mtp_sidecars=mtp_sidecars)
+
+
+def check_explicit_draft(target: str, draft: str, force: bool = False, *, offline: bool = False) -> Verdict:
+    """Check a user-given draft against the target; raise IncompatiblePairError unless `force`.
+
+    With force, an incompatible pair only warns: output stays the target's own (it verifies every
+    token), but acceptance will be poor, and draft token ids beyond the target's vocabulary must be
+    treated as rejections by the engine.
+    """
+    verdict = compat.check_refs(target, draft, offline=offline)
+    if verdict.compatible:
+        return verdict
+    if not force:
+        raise IncompatiblePairError(
+            f"draft {draft} cannot draft for {target}: {verdict.reason}",
+            "use a draft with the same tokenizer (`llamaspec pair TARGET` lists them), "
+            "or --force-draft to try anyway",
+        )
+    from llamaspec import output
+
+    output.current().warn(f"forced an incompatible draft ({verdict.reason}); llama.cpp would refuse this pair. "
+                          "Output stays the target's own, but expect few accepted tokens")
+    return verdict

@@ -1,0 +1,229 @@
+"""`llamaspec check MAIN DRAFT` and `llamaspec pair MODEL`: can a draft work, and which drafts exist.
+
+Both read GGUF headers only (never weights), so they answer in well under a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llamaspec.cli.app import JsonOpt, QuietOpt, VerboseOpt, app, setup_output
+from llamaspec.errors import EXIT_FAILURE
+
+OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never use the network (local files and cache only).")]
+
+
+def _size(n: int | None) -> str:
+    if not n:
+        return "?"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _params(n: int | float | None) -> str:
+    if not n:
+        return "?"
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}".replace(".0", "")
+    return str(int(n))
+
+
+def _esc(text) -> str:
+    from rich.markup import escape
+
+    return escape(str(text))
+
+
+def _side_line(d: dict) -> str:
+    return (f"{_esc(d['source'])}  [dim]{d['architecture']} · {_params(d['n_params'])} params · "
+            f"{d['file_type'] or '?'} · {_size(d['file_size'])} · {d['vocab_type']} {d['n_vocab']:,} tokens · "
+            f"fingerprint {d['fingerprint']}[/dim]")
+
+
+# ---- check -------------------------------------------------------------------------------------
+
+
+def _render_verdict(v: dict, console) -> None:
+    from rich.table import Table
+
+    console.print(f"[bold]target[/bold] {_side_line(v['target'])}")
+    console.print(f"[bold]draft [/bold] {_side_line(v['draft'])}")
+    t = Table(title=None, show_lines=False)
+    t.add_column("rule")
+    t.add_column("result")
+    t.add_column("detail", overflow="fold")
+    from llamaspec.compat import RULE_TITLES
+
+    for r in v["rules"]:
+        mark = "[green]pass[/green]" if r["passed"] else "[red]FAIL[/red]"
+        t.add_row(RULE_TITLES[r["rule"]], mark, _esc(r["detail"]))
+    console.print(t)
+    f = v["facts"]
+    facts = [
+        f"same architecture family: {'yes' if f['same_family'] else 'no'} ({f['target_family']} / {f['draft_family']})",
+        f"draft/target size: {f['size_ratio']:.2f}" if f["size_ratio"] is not None else "draft/target size: ?",
+        f"chat templates: {'equal' if f['chat_template_equal'] else 'differ'}",
+    ]
+    console.print("[dim]" + " · ".join(facts) + "[/dim]")
+    if v["compatible"]:
+        console.print("[bold green]compatible[/bold green]: llama.cpp would accept this pair")
+    else:
+        console.print(f"[bold red]incompatible[/bold red]: {_esc(v['reason'])}")
+
+
+@app.command("check")
+def check_cmd(
+    main: Annotated[str, typer.Argument(metavar="MAIN", help="Target (main) model: GGUF path or Hub reference org/repo:QUANT.")],
+    draft: Annotated[str, typer.Argument(metavar="DRAFT", help="Draft model: GGUF path or Hub reference.")],
+    offline: OfflineOpt = False,
+    json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Check whether DRAFT can draft for MAIN by llama.cpp's vocabulary rules (exit 0 yes, 1 no)."""
+    from llamaspec.compat import check_refs
+
+    out = setup_output(json, quiet, verbose)
+    verdict = check_refs(main, draft, offline=offline)
+    data = verdict.to_dict()
+    quiet_line = "compatible" if verdict.compatible else f"incompatible: {verdict.failed_rule}"
+    out.data(data, human=lambda c: _render_verdict(data, c), quiet=quiet_line)
+    for w in verdict.warnings:
+        out.detail(w)
+    if not verdict.compatible:
+        raise typer.Exit(EXIT_FAILURE)
+
+
+# ---- pair --------------------------------------------------------------------------------------
+
+
+def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: bool, show_all: bool) -> dict:
+    """Everything `pair` prints, as plain data."""
+    from llamaspec import autodraft, discovery, hub, registry
+    from llamaspec.compat import describe
+    from llamaspec.errors import LlamaspecError
+    from llamaspec.vocab import vocab_from_header
+
+    header = hub.read_model_header(model, offline=offline)
+    vocab = vocab_from_header(header)
+    roots = (discovery.default_roots() if default_dirs else []) + discovery.search_roots(search)
+    candidates = discovery.scan(header, roots, target_vocab=vocab)
+
+    reg_data: dict = {"families": [], "pairs": [], "error": None}
+    try:
+        reg = registry.load_registry()
+        matches = reg.match(header.architecture, vocab)
+        reg_data["families"] = [m.to_dict() for m in matches]
+        for m in matches:
+            fam = m.family
+            for p in fam.pairs:
+                draft_m, main_m = fam.model(p.draft), fam.model(p.main)
+                smaller = registry.draft_fits(draft_m, header.n_params)
+                reg_data["pairs"].append({"family": fam.name, "main": main_m.to_dict(), "draft": draft_m.to_dict(),
+                                          "status": p.status, "recommended": p.recommended,
+                                          "verified": p.verified, "note": p.note,
+                                          "draft_smaller_than_target": smaller})
+        reg_data["mtp_family"] = any(m.family.mtp for m in matches)
+    except LlamaspecError as exc:
+        reg_data["error"] = exc.message
+
+    auto = autodraft.choose_for_header(header, candidates=candidates, offline=offline, allow_download=not offline,
+                                       dry_run=True)
+    sidecar = autodraft.find_mtp_sidecar(Path(header.source)) if Path(header.source).is_file() else None
+    compared = [c for c in candidates if c.verdict is not None]
+    shown = candidates if show_all else compared  # compared = passed the cheap type/size prefilter
+    return {
+        "model": model,
+        "target": describe(header, vocab),
+        "mtp": {"nextn_predict_layers": header.nextn_predict_layers, "sidecar": str(sidecar) if sidecar else None},
+        "registry": reg_data,
+        "on_disk": [c.to_dict() for c in sorted(shown, key=lambda c: (not c.compatible, c.size))],
+        "scanned": {"roots": [{"path": str(r.path), "kind": r.kind} for r in roots], "files": len(candidates),
+                    "compared": len(compared), "compatible": sum(c.compatible for c in candidates)},
+        "auto": auto.to_dict(),
+    }
+
+
+def _render_pair(r: dict, console) -> None:
+    from rich.table import Table
+
+    console.print(f"[bold]target[/bold] {_side_line(r['target'])}")
+    reg = r["registry"]
+    if reg.get("error"):
+        pass  # warned on stderr
+    elif not reg["families"]:
+        console.print("[dim]registry: no family matches this architecture and vocabulary[/dim]")
+    else:
+        fams = ", ".join(f"{f['family']} (by {f['basis']})" for f in reg["families"])
+        console.print(f"[bold]family[/bold] {fams}")
+    if r["mtp"]["nextn_predict_layers"]:
+        console.print(f"[green]MTP heads in the file[/green] ({r['mtp']['nextn_predict_layers']} NextN layers): "
+                      "no draft model needed")
+    elif r["mtp"]["sidecar"]:
+        console.print(f"MTP sidecar beside the file: {_esc(r['mtp']['sidecar'])} [dim](not used yet)[/dim]")
+    if reg["pairs"]:
+        # One line per pair (not a table): Hub refs stay whole and greppable in narrow terminals.
+        console.print("[bold]registry pairs[/bold] [dim](draft for main: status)[/dim]")
+        for p in reg["pairs"]:
+            notes = []
+            if p["recommended"]:
+                notes.append("recommended")
+            if not p["draft_smaller_than_target"]:
+                notes.append("not smaller than this target")
+            if p["note"]:
+                notes.append(p["note"])
+            status = {"verified": "[green]verified[/green]", "incompatible": "[red]incompatible[/red]"}.get(
+                p["status"], "[yellow]unverified[/yellow]")
+            draft, main = p["draft"].get("ref") or p["draft"]["id"], p["main"].get("ref") or p["main"]["id"]
+            size = f" ({_params(p['draft']['params_b'] * 1e9)})" if p["draft"].get("params_b") else ""
+            tail = f"  [dim]{_esc('; '.join(notes))}[/dim]" if notes else ""
+            console.print(f"  {_esc(draft)}{size} for {_esc(main)}: {status}{tail}")
+    s = r["scanned"]
+    if r["on_disk"]:
+        t = Table(title=f"on disk ({s['files']} GGUF files found, {s['compared']} compared, "
+                        f"{s['compatible']} compatible)", title_justify="left")
+        for col in ("file", "where", "size", "verdict"):
+            t.add_column(col, overflow="fold")
+        for c in r["on_disk"]:
+            verdict = "[green]compatible[/green]" if c["compatible"] else f"[red]no[/red]: {_esc(c['reason'])}"
+            t.add_row(_esc(c["label"]), c["location"], _size(c["size"]), verdict)
+        console.print(t)
+    else:
+        console.print(f"[dim]on disk: {s['files']} GGUF files found, none compatible[/dim]")
+    a = r["auto"]
+    target = a["path"] or a["label"] or a["kind"]
+    console.print(f"[bold]--draft auto[/bold] → {a['kind']}: {_esc(target)}")
+    console.print(f"  [dim]{_esc(a['reason'])}[/dim]")
+
+
+@app.command("pair")
+def pair_cmd(
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Target model: GGUF path or Hub reference org/repo:QUANT.")],
+    search: Annotated[Optional[list[str]], typer.Option(
+        "--search", "-s", metavar="DIR", help="Also look for drafts under this directory (repeatable).")] = None,
+    no_default_dirs: Annotated[bool, typer.Option(
+        "--no-default-dirs", help="Skip the HF cache, LM Studio and Ollama stores; only --search.")] = False,
+    show_all: Annotated[bool, typer.Option("--all", help="List every GGUF found, not only plausible ones.")] = False,
+    offline: OfflineOpt = False,
+    json: JsonOpt = False,
+    quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """List drafts for MODEL: registry pairs of its family and compatible GGUFs already on disk."""
+    out = setup_output(json, quiet, verbose)
+    report = pair_report(model, search=list(search or []), default_dirs=not no_default_dirs, offline=offline,
+                         show_all=show_all)
+    if report["registry"]["error"]:
+        out.warn(f"registry not used: {report['registry']['error']}")
+    for root in report["scanned"]["roots"]:
+        out.detail(f"searched {root['kind']}: {root['path']}")
+    for note in report["auto"]["considered"]:
+        out.detail(f"auto: {note}")
+    a = report["auto"]
+    out.data(report, human=lambda c: _render_pair(report, c), quiet=a["path"] or a["label"] or a["kind"])

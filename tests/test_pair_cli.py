@@ -1,0 +1,415 @@
+"""`llamaspec check`, `llamaspec pair`, disk discovery and the `--draft auto` resolution."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from llamaspec import autodraft, discovery, registry
+from llamaspec.errors import IncompatiblePairError
+from llamaspec.gguf_header import read_file
+
+from hub_server import big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures: a local test Hub
+
+
+@pytest.fixture
+def isolated_home(tmp_path, monkeypatch):
+    """No real model stores: HOME, HF_HOME and OLLAMA_MODELS point into tmp_path."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OLLAMA_MODELS", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+def _link(src: Path, dst: Path) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(src, dst)
+    return dst
+
+
+
+@pytest.fixture(autouse=True)
+def _fresh_printer(monkeypatch):
+    """A printer bound to this test's streams (an earlier test's captured stream may be closed)."""
+    from llamaspec import output
+
+    monkeypatch.setattr(output, "_current", output.Output())
+
+# ---- check -------------------------------------------------------------------------------------
+
+
+def test_check_compatible_pair(run_cli, tiny_models):
+    r = run_cli("check", tiny_models["target"], tiny_models["draft"])
+    assert r.exit_code == 0, r.stderr
+    for title in ("vocabulary type", "BOS token", "EOS token", "vocabulary size", "token texts"):
+        assert title in r.stdout
+    assert "compatible" in r.stdout and "FAIL" not in r.stdout
+    assert r.stderr == ""
+
+
+def test_check_incompatible_pair_names_rule_and_token(run_cli, tiny_models):
+    from llamaspec.testing.tiny_models import VARIANT_TOKEN_ID
+
+    r = run_cli("check", tiny_models["target"], tiny_models["variant_token_text"], "--json")
+    assert r.exit_code == 1
+    d = r.json()
+    assert d["compatible"] is False and d["failed_rule"] == "token_text"
+    assert d["first_diff"]["id"] == VARIANT_TOKEN_ID
+    assert d["first_diff"]["draft_text"] == f"<|changed_{VARIANT_TOKEN_ID}|>"
+    assert [x["passed"] for x in d["rules"]] == [True, True, True, True, False]
+
+    r = run_cli("check", tiny_models["target"], tiny_models["variant_add_bos"])
+    assert r.exit_code == 1 and "FAIL" in r.stdout and "add_bos" in r.stdout
+    r = run_cli("check", tiny_models["target"], tiny_models["variant_size_129"], "-q")
+    assert (r.exit_code, r.stdout) == (1, "incompatible: vocab_size\n")
+    r = run_cli("check", tiny_models["target"], tiny_models["variant_size_128"], "-q")
+    assert (r.exit_code, r.stdout) == (0, "compatible\n")
+
+
+def test_check_missing_file_is_a_one_line_error(run_cli, tiny_models, tmp_path):
+    r = run_cli("check", tiny_models["target"], tmp_path / "nope.gguf")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert r.stderr.startswith("error:") and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf at all")
+    r = run_cli("check", junk, tiny_models["target"])
+    assert r.exit_code == 1 and "not a GGUF file" in r.stderr
+
+
+@pytest.mark.real
+def test_check_real_pairs(run_cli, smollm2_q4, smollm2_f16, gemma_q4, gemma_f16):
+    r = run_cli("check", smollm2_f16, smollm2_q4, "--json")
+    assert r.exit_code == 0 and r.json()["compatible"] is True
+    r = run_cli("check", smollm2_q4, gemma_q4)
+    assert r.exit_code == 1
+    assert "incompatible" in r.stdout and "vocabulary type differs" in r.stdout
+    t = time.perf_counter()
+    r = run_cli("check", gemma_f16, gemma_q4, "--json")
+    elapsed = time.perf_counter() - t
+    assert r.exit_code == 0 and r.json()["target"]["n_vocab"] == 262144
+    assert elapsed < 1.0, f"check on two Gemma files took {elapsed:.2f} s"
+
+
+# ---- discovery ---------------------------------------------------------------------------------
+
+
+def test_peek_reads_only_what_it_needs(tiny_models, tmp_path):
+    pk = discovery.peek(tiny_models["target"])
+    h = read_file(tiny_models["target"])
+    assert (pk.architecture, pk.tokenizer_model, pk.n_vocab) == ("llama", "gpt2", len(h.metadata["tokenizer.ggml.tokens"]))
+    assert discovery.peek(tiny_models["mtp"]).nextn_predict_layers == 1
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 8)  # magic, then garbage
+    assert discovery.peek(junk) is None
+
+
+def _same_as_full_parse(target_path: Path, cand_path: Path) -> bool | None:
+    """None when light_header declines (then scan falls back to the full parser)."""
+    from llamaspec.compat import check_headers
+    from llamaspec.vocab import vocab_from_header
+
+    target = read_file(target_path)
+    light = discovery.light_header(cand_path, discovery.target_tokens(target))
+    if light is None:
+        return None
+    full = read_file(cand_path)
+    return (vocab_from_header(light) == vocab_from_header(full)
+            and check_headers(target, light).to_dict() == check_headers(target, full).to_dict()
+            and (light.n_params, light.file_type, light.bytes_read) == (full.n_params, full.file_type, full.bytes_read))
+
+
+def test_light_header_gives_exactly_the_full_parse(tiny_models):
+    results = {name: _same_as_full_parse(tiny_models["target"], p) for name, p in tiny_models.items()}
+    # Different token texts from id 5 on: declined, the full parser reports where they differ.
+    assert {n for n, r in results.items() if r is None} == {"other_vocab", "spm", "variant_token_text"}
+    assert all(r for r in results.values() if r is not None)
+
+
+@pytest.mark.real
+def test_light_header_on_real_files(smollm2_f16, smollm2_q4, gemma_f16, gemma_q4):
+    assert _same_as_full_parse(smollm2_f16, smollm2_q4) is True
+    assert _same_as_full_parse(gemma_f16, gemma_q4) is True
+
+
+def test_discovery_finds_models_in_every_store(tiny_models, isolated_home):
+    draft = tiny_models["draft"]
+    # Hugging Face cache: snapshot symlinks into blobs.
+    snap = isolated_home / "hf" / "hub" / "models--test-org--tiny-GGUF" / "snapshots" / "abc123"
+    _link(draft, snap / "tiny-draft-F32.gguf")
+    # LM Studio.
+    _link(tiny_models["variant_size_128"], isolated_home / ".lmstudio" / "models" / "pub" / "tiny" / "tiny-128.gguf")
+    # Ollama: an extension-less GGUF blob named by its manifest, and a non-GGUF blob.
+    ollama = isolated_home / ".ollama" / "models"
+    blob = ollama / "blobs" / ("sha256-" + "ab" * 32)
+    blob.parent.mkdir(parents=True)
+    shutil.copy(tiny_models["variant_low_token_text"], blob)
+    (ollama / "blobs" / ("sha256-" + "cd" * 32)).write_text('{"template": "not a model"}')
+    manifest = ollama / "manifests" / "registry.ollama.ai" / "library" / "tinyllm" / "latest"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"layers": [
+        {"mediaType": "application/vnd.ollama.image.model", "digest": "sha256:" + "ab" * 32}]}))
+
+    roots = [r for r in discovery.default_roots() if isolated_home in r.path.parents]  # not a system-wide store
+    assert [r.kind for r in roots] == ["hf-cache", "lmstudio", "ollama"]
+    found = {f.kind: f for f in discovery.iter_models(roots)}
+    assert found["hf-cache"].label == "test-org/tiny-GGUF/tiny-draft-F32.gguf"
+    assert found["lmstudio"].path.name == "tiny-128.gguf"
+    assert found["ollama"].label == "tinyllm:latest"
+    assert len(list(discovery.iter_models(roots))) == 3
+
+
+def test_scan_skips_what_cannot_match_and_dedupes(tiny_models, tmp_path):
+    d = tmp_path / "models"
+    _link(tiny_models["draft"], d / "a" / "draft.gguf")
+    _link(tiny_models["draft"], d / "b" / "same-file.gguf")        # same real file: listed once
+    _link(tiny_models["target"], d / "target-again.gguf")           # the target itself
+    _link(tiny_models["spm"], d / "spm.gguf")                       # other vocab type: prefiltered
+    _link(tiny_models["variant_size_129"], d / "size129.gguf")      # same type, size within... no: 129
+    _link(tiny_models["variant_token_text"], d / "changed.gguf")    # compared, incompatible
+    _link(tiny_models["mtp"], d / "mtp-model-F32.gguf")             # a sidecar name: not a model
+    _link(tiny_models["draft"], d / "split-00002-of-00003.gguf")    # later split part: skipped by name
+    (d / "notes.txt").write_text("hello")
+    target = read_file(tiny_models["target"])
+    cands = discovery.scan(target, discovery.search_roots([d]))
+    by_name = {c.path.name: c for c in cands}
+    assert set(by_name) == {"draft.gguf", "target-again.gguf", "spm.gguf", "size129.gguf", "changed.gguf"} or \
+        set(by_name) == {"same-file.gguf", "target-again.gguf", "spm.gguf", "size129.gguf", "changed.gguf"}
+    draft = by_name.get("draft.gguf") or by_name["same-file.gguf"]
+    assert draft.compatible
+    assert by_name["target-again.gguf"].skipped == "the target itself"
+    assert by_name["spm.gguf"].verdict is None and "vocabulary type" in by_name["spm.gguf"].skipped
+    assert by_name["size129.gguf"].verdict is None  # 129 tokens more: ruled out before decoding texts
+    assert by_name["changed.gguf"].verdict.failed_rule == "token_text"
+
+
+# ---- pair --------------------------------------------------------------------------------------
+
+
+def test_pair_lists_disk_drafts_and_the_auto_choice(run_cli, tiny_models, tmp_path, isolated_home):
+    d = tmp_path / "models"
+    _link(tiny_models["draft"], d / "tiny-draft.gguf")
+    _link(tiny_models["variant_token_text"], d / "changed.gguf")
+    r = run_cli("pair", tiny_models["target"], "--search", d, "--json")
+    assert r.exit_code == 0, r.stderr
+    rep = r.json()
+    ondisk = {Path(c["path"]).name: c for c in rep["on_disk"]}
+    assert ondisk["tiny-draft.gguf"]["compatible"] is True
+    assert ondisk["changed.gguf"]["compatible"] is False and "token" in ondisk["changed.gguf"]["reason"]
+    assert rep["auto"]["kind"] == "draft" and rep["auto"]["source"] == "disk"
+    assert Path(rep["auto"]["path"]).name == "tiny-draft.gguf"
+    assert rep["scanned"]["compatible"] == 1
+
+    r = run_cli("pair", tiny_models["target"], "--search", d)
+    assert r.exit_code == 0
+    assert "tiny-draft.gguf" in r.stdout and "--draft auto" in r.stdout and "smallest compatible" in r.stdout
+    r = run_cli("pair", tiny_models["target"], "--search", d, "-q")
+    assert Path(r.stdout.strip()).name == "tiny-draft.gguf"
+
+
+def test_pair_on_an_mtp_model(run_cli, tiny_models, isolated_home):
+    r = run_cli("pair", tiny_models["mtp"], "--json")
+    assert r.exit_code == 0
+    assert r.json()["auto"]["kind"] == "mtp" and r.json()["mtp"]["nextn_predict_layers"] == 1
+
+
+@pytest.mark.real
+def test_pair_on_smollm2_finds_its_sibling_and_the_registry(run_cli, smollm2_f16, smollm2_q4, gemma_q4, tmp_path,
+                                                           isolated_home):
+    d = tmp_path / "models"
+    _link(smollm2_q4, d / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    _link(gemma_q4, d / "gemma.gguf")
+    t = time.perf_counter()
+    r = run_cli("pair", smollm2_f16, "--search", d, "--json")
+    elapsed = time.perf_counter() - t
+    assert r.exit_code == 0, r.stderr
+    rep = r.json()
+    assert [c["label"] for c in rep["on_disk"]] == [str(d / "SmolLM2-135M-Instruct.Q4_1.gguf")]
+    assert rep["on_disk"][0]["compatible"] is True
+    assert rep["scanned"] == {**rep["scanned"], "files": 2, "compared": 1, "compatible": 1}  # gemma prefiltered
+    assert rep["registry"]["families"] == [{"family": "smollm2", "basis": "fingerprint",
+                                            "file": rep["registry"]["families"][0]["file"]}]
+    statuses = {(p["main"]["id"], p["draft"]["id"]): p["status"] for p in rep["registry"]["pairs"]}
+    assert statuses[("smollm2-135m-instruct-f16-local", "smollm2-135m-instruct-pypi-q4_1")] == "verified"
+    assert statuses[("smollm2-1.7b-instruct", "smollm2-135m-instruct")] == "unverified"
+    assert rep["auto"]["kind"] == "draft" and rep["auto"]["source"] == "disk"
+    assert Path(rep["auto"]["path"]).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert elapsed < 1.0, f"pair took {elapsed:.2f} s"
+
+    r = run_cli("pair", smollm2_f16, "--search", d)
+    assert "registry pairs" in r.stdout and "unsloth/SmolLM2-135M-Instruct-GGUF:Q8_0" in r.stdout
+    assert "verified" in r.stdout
+
+
+# ---- --draft auto ------------------------------------------------------------------------------
+
+
+def test_auto_prefers_built_in_mtp_heads(tiny_models, isolated_home):
+    c = autodraft.choose_draft(str(tiny_models["mtp"]), offline=True)
+    assert (c.kind, c.path, c.source) == ("mtp", None, "target")
+
+
+def test_auto_finds_an_mtp_sidecar(tiny_models, tmp_path, isolated_home):
+    target = _link(tiny_models["target"], tmp_path / "repo" / "model-F32.gguf")
+    side = _link(tiny_models["mtp"], tmp_path / "repo" / "mtp-model-F32.gguf")
+    # Off by default: the MTP drafter only drives heads inside the target, so it is only noted.
+    c = autodraft.choose_draft(str(target), offline=True, default_dirs=False)
+    assert c.kind == "ngram-mod" and any("MTP sidecar mtp-model-F32.gguf" in n for n in c.considered)
+    c = autodraft.choose_draft(str(target), offline=True, mtp_sidecars=True)
+    assert (c.kind, c.path, c.source) == ("mtp", side, "sidecar")
+
+
+def test_auto_picks_the_smallest_reasonable_disk_draft(tiny_models, tmp_path, isolated_home):
+    d = tmp_path / "models"
+    _link(tiny_models["variant_size_128"], d / "bigger-vocab.gguf")   # compatible, larger file
+    _link(tiny_models["draft"], d / "draft.gguf")                     # compatible, smallest
+    _link(tiny_models["variant_token_text"], d / "changed.gguf")      # incompatible
+    c = autodraft.choose_draft(str(tiny_models["target"]), search_dirs=[d], offline=True)
+    assert (c.kind, c.source, c.path.name) == ("draft", "disk", "draft.gguf")
+    assert c.verdict.compatible and "1 other compatible file passed over" in c.reason
+
+
+def test_auto_skips_drafts_too_big_to_pay_off(tiny_models, tmp_path, isolated_home):
+    d = tmp_path / "models"
+    _link(tiny_models["draft"], d / "draft.gguf")
+    # The draft as target: the 4-layer "target" is compatible but bigger, so it is no draft for it.
+    c = autodraft.choose_draft(str(tiny_models["draft"]), search_dirs=[tiny_models["target"].parent], offline=True)
+    assert c.kind == "ngram-mod" and "small enough" in c.reason
+
+
+def _tiny_registry(directory: Path, draft_entry: dict) -> None:
+    data = {
+        "schema": 1, "family": "tiny", "description": "tiny", "architectures": ["llama"],
+        "tokenizer": {"type": "BPE", "pre": "smollm", "source": "test"},
+        "models": [{"id": "tiny-target", "role": "main", "repo": "test-org/tiny-target-GGUF", "quant": "F32",
+                    "params": 0.001, "source": "test"},
+                   {"id": "tiny-draft", "role": "draft", "params": 0.00001, "source": "test", **draft_entry}],
+        "pairs": [{"main": "tiny-target", "draft": "tiny-draft", "status": "unverified", "recommended": True}],
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "tiny.yaml").write_text(registry.dump_family(data))
+
+
+def test_auto_falls_back_to_ngram_offline(tiny_models, tmp_path, isolated_home, monkeypatch):
+    monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(tmp_path / "pairings"))
+    _tiny_registry(tmp_path / "pairings", {"repo": "test-org/tiny-draft-GGUF", "quant": "F32"})
+    c = autodraft.choose_draft(str(tiny_models["target"]), offline=True)
+    assert c.kind == "ngram-mod" and c.path is None
+    assert "test-org/tiny-draft-GGUF:F32" in c.reason and "offline" in c.reason
+    dry = autodraft.choose_draft(str(tiny_models["target"]), dry_run=True)
+    assert dry.would_download and dry.label == "test-org/tiny-draft-GGUF:F32" and dry.path is None
+
+
+def test_auto_downloads_the_registry_draft(tiny_models, tmp_path, isolated_home, monkeypatch):
+    from llamaspec import hub as hub_mod
+
+    monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(tmp_path / "pairings"))
+    _tiny_registry(tmp_path / "pairings", {"repo": "test-org/tiny-draft-GGUF", "quant": "F32"})
+    calls = []
+
+    def fake_header(ref, offline=False):
+        calls.append(("header", ref))
+        return read_file(tiny_models["draft"] if ref.startswith("test-org/") else ref)
+
+    def fake_resolve(ref, offline=False):
+        calls.append(("resolve", ref))
+        return tiny_models["draft"]
+
+    monkeypatch.setattr(hub_mod, "read_model_header", fake_header)
+    monkeypatch.setattr(hub_mod, "resolve_model", fake_resolve)
+    c = autodraft.choose_draft(str(tiny_models["target"]))
+    assert (c.kind, c.source, c.path) == ("draft", "registry", tiny_models["draft"])
+    assert calls[-2:] == [("header", "test-org/tiny-draft-GGUF:F32"), ("resolve", "test-org/tiny-draft-GGUF:F32")]
+    # A registry draft whose real header does not match is never downloaded.
+    monkeypatch.setattr(hub_mod, "read_model_header", lambda ref, offline=False: read_file(
+        tiny_models["variant_token_text"] if ref.startswith("test-org/") else ref))
+    calls.clear()
+    c = autodraft.choose_draft(str(tiny_models["target"]))
+    assert c.kind == "ngram-mod" and "does not match" in c.reason and not [x for x in calls if x[0] == "resolve"]
+
+
+def test_auto_uses_a_registry_draft_from_an_installed_package(tiny_models, tmp_path, isolated_home, monkeypatch):
+    site = tmp_path / "site"
+    _link(tiny_models["draft"], site / "tinypkg" / "tiny-draft.gguf")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(tmp_path / "pairings"))
+    _tiny_registry(tmp_path / "pairings", {"package": "tinypkg==1.0", "file": "tinypkg/tiny-draft.gguf"})
+    c = autodraft.choose_draft(str(tiny_models["target"]), offline=True)
+    assert (c.kind, c.source, c.path.name) == ("draft", "registry", "tiny-draft.gguf")
+
+
+def test_check_explicit_draft(tiny_models, capsys, monkeypatch):
+    from llamaspec import output
+
+    monkeypatch.setattr(output, "_current", output.Output())  # bound to capsys's streams, set up by now
+    assert autodraft.check_explicit_draft(str(tiny_models["target"]), str(tiny_models["draft"])).compatible
+    with pytest.raises(IncompatiblePairError) as info:
+        autodraft.check_explicit_draft(str(tiny_models["target"]), str(tiny_models["spm"]))
+    assert "vocabulary type differs" in info.value.message and "--force-draft" in info.value.hint
+    capsys.readouterr()
+    v = autodraft.check_explicit_draft(str(tiny_models["target"]), str(tiny_models["spm"]), force=True)
+    assert not v.compatible
+    assert "forced an incompatible draft" in capsys.readouterr().err
+
+
+@pytest.mark.real
+def test_auto_on_real_smollm2(smollm2_f16, smollm2_q4, tmp_path, isolated_home):
+    d = tmp_path / "models"
+    _link(smollm2_q4, d / "q4.gguf")
+    c = autodraft.choose_draft(str(smollm2_f16), search_dirs=[d], offline=True)
+    assert (c.kind, c.source, c.path.name) == ("draft", "disk", "q4.gguf")
+    # Nothing on disk and offline: SmolLM2 135M is the family's smallest, so n-gram drafting.
+    c = autodraft.choose_draft(str(smollm2_q4), offline=True)
+    assert c.kind == "ngram-mod"
+
+
+# ---- the registry step against the local test Hub (tests/hub_server.py) -----------------------
+
+
+def test_auto_downloads_the_registry_draft_from_the_hub(tiny_models, tmp_path, hub, hub_home, monkeypatch):
+    monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(tmp_path / "pairings"))
+    _tiny_registry(tmp_path / "pairings", {"repo": "org/draft", "quant": "Q4_K_M"})
+    c = autodraft.choose_draft(str(tiny_models["target"]), default_dirs=False)
+    assert (c.kind, c.source, c.label) == ("draft", "registry", "org/draft:Q4_K_M")
+    assert c.path.name == "draft-Q4_K_M.gguf" and Path(hub_home["HF_HUB_CACHE"]) in c.path.parents
+    assert c.verdict.compatible
+    # The draft is now in the HF cache: the next resolution finds it on disk, without the Hub.
+    hub.stop()
+    again = autodraft.choose_draft(str(tiny_models["target"]), offline=True)
+    assert (again.kind, again.source) == ("draft", "disk") and again.path.resolve() == c.path.resolve()
+
+
+def test_auto_survives_an_unreachable_hub(tiny_models, tmp_path, hub_home, hub, monkeypatch):
+    monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(tmp_path / "pairings"))
+    _tiny_registry(tmp_path / "pairings", {"repo": "org/draft", "quant": "Q4_K_M"})
+    hub.stop()
+    c = autodraft.choose_draft(str(tiny_models["target"]), default_dirs=False)
+    assert c.kind == "ngram-mod" and "org/draft:Q4_K_M" in c.reason
+
+
+def test_check_and_pair_never_import_llama_cpp(tiny_models, tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from llamaspec.cli import main\n"
+        "for argv in (['check', sys.argv[1], sys.argv[2], '-q'], ['pair', sys.argv[1], '--no-default-dirs', '-q']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('llama_cpp' in sys.modules)\n"
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", code, str(tiny_models["target"]), str(tiny_models["draft"])],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "False"
