@@ -73,6 +73,12 @@ def explain(exc: BaseException) -> Explained | None:
         return Explained(exc.message, exc.hint, exc.exit_code)
     if isinstance(exc, KeyboardInterrupt):
         return Explained("interrupted", None, EXIT_INTERRUPTED)
+    if (type(exc).__module__ or "").startswith(("huggingface_hub", "httpx", "httpcore")):
+        from llamaspec.hub.failures import translate  # only Hub/network errors pay for this import
+
+        hub = translate(exc)
+        if hub is not None:
+            return Explained(hub.message, hub.hint, hub.exit_code)
     if isinstance(exc, FileNotFoundError):
         return Explained(f"file not found: {exc.filename}", "check the path", EXIT_FAILURE)
     if isinstance(exc, IsADirectoryError):

@@ -1,0 +1,146 @@
+"""Talking to the Hub: list a repository's files, and read a GGUF header with ranged requests.
+
+A header read fetches growing ranges (128 KiB, 256 KiB, ... up to 16 MiB per request) only
+as far as the parser asks, so a multi-GB model is vetted from well under 1% of its bytes, and
+a 262k-token vocabulary costs a few requests. After the first request the reader keeps the
+URL it was redirected to (the CDN), saving a redirect per range.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from llamaspec.errors import HubError
+from llamaspec.gguf_header import GGUFHeader, read_header
+from llamaspec.hub.failures import endpoint, hub_errors, network_down, not_cached_offline
+from llamaspec.hub.refs import HubRef
+
+FIRST_BLOCK = 128 * 1024
+MAX_BLOCK = 16 * 1024 * 1024
+CONNECT_TIMEOUT = 5.0  # seconds: a dead network fails fast instead of hanging in retries
+
+
+def offline_env() -> bool:
+    """HF_HUB_OFFLINE at call time (huggingface_hub only reads it at import)."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def timeout(read: float | None = None):
+    """An httpx timeout: short connect, the Hub's own read timeouts (HF_HUB_ETAG_TIMEOUT...)."""
+    import httpx2
+    from huggingface_hub import constants
+
+    return httpx2.Timeout(read or constants.HF_HUB_ETAG_TIMEOUT, connect=CONNECT_TIMEOUT)
+
+
+def hf_headers() -> dict[str, str]:
+    """Auth (HF_TOKEN / login) and user-agent headers, as huggingface_hub sends them."""
+    from huggingface_hub.utils import build_hf_headers
+
+    return build_hf_headers(library_name="llamaspec")
+
+
+@dataclass(frozen=True)
+class RepoListing:
+    ref: HubRef
+    commit: str
+    files: list[str]
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def size(self, files: list[str]) -> int:
+        return sum(self.sizes.get(f, 0) for f in files)
+
+    def url(self, path: str) -> str:
+        from huggingface_hub import hf_hub_url
+
+        return hf_hub_url(self.ref.repo_id, path, revision=self.commit, endpoint=endpoint())
+
+
+def list_repo(ref: HubRef, *, offline: bool = False) -> RepoListing:
+    """One API call: the commit `ref`'s revision points to, and every file with its size."""
+    if offline or offline_env():
+        raise not_cached_offline(ref)
+    from huggingface_hub import HfApi
+
+    with hub_errors(ref):
+        info = HfApi(endpoint=endpoint(), library_name="llamaspec").model_info(
+            ref.repo_id, revision=ref.revision, files_metadata=True, timeout=timeout()
+        )
+    if not info.sha:
+        raise HubError(f"the Hub sent no commit for {ref.repo_id}", "is HF_ENDPOINT a Hugging Face Hub?")
+    siblings = info.siblings or []
+    return RepoListing(ref, info.sha, [s.rfilename for s in siblings],
+                       {s.rfilename: int(s.size) for s in siblings if s.size is not None})
+
+
+class RangedReader:
+    """A read-only stream over a remote file that fetches exactly what is read, in growing blocks."""
+
+    def __init__(self, url: str, size: int | None, source: str, ref: object = None):
+        self.url, self.size, self.source, self.ref = url, size, source, ref
+        self.headers = hf_headers()
+        self.pos = 0            # next byte of the file not yet in `buf`
+        self.buf = b""
+        self.block = FIRST_BLOCK
+        self.requests = 0
+        self.fetched = 0
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            raise ValueError("RangedReader reads bounded amounts only")
+        if len(self.buf) < n:
+            want = max(n - len(self.buf), self.block)
+            self.buf += self._fetch(self.pos, want)
+            self.block = min(self.block * 2, MAX_BLOCK)
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def _fetch(self, start: int, length: int) -> bytes:
+        if self.size is not None:
+            length = min(length, self.size - start)
+        if length <= 0:
+            return b""
+        from huggingface_hub.utils import get_session, hf_raise_for_status
+
+        headers = {**self.headers, "Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity"}
+        with hub_errors(self.ref):
+            with get_session().stream("GET", self.url, headers=headers, timeout=timeout()) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    hf_raise_for_status(r)
+                if r.status_code == 206:
+                    data = r.read()
+                else:  # the server ignored Range: take our slice from the full body, then hang up
+                    data = b""
+                    for chunk in r.iter_bytes():
+                        data += chunk
+                        if len(data) >= start + length:
+                            break
+                    data = data[start:start + length]
+                final = str(r.url)
+        self._follow(final)
+        self.requests += 1
+        self.fetched += len(data)
+        self.pos = start + len(data)
+        return data
+
+    def _follow(self, final: str) -> None:
+        """Reuse the redirect target; never send the token to another host (a CDN URL is signed)."""
+        if final != self.url:
+            if urlsplit(final).netloc != urlsplit(self.url).netloc:
+                self.headers.pop("authorization", None)
+            self.url = final
+
+
+def read_remote_header(listing: RepoListing, path: str) -> tuple[GGUFHeader, RangedReader]:
+    """Parse the header of `path` from the Hub, fetching only the bytes the parser needs."""
+    source = str(listing.ref.with_path(path))
+    reader = RangedReader(listing.url(path), listing.sizes.get(path), source, listing.ref)
+    try:
+        header = read_header(reader, source=source, chunk=FIRST_BLOCK, file_size=listing.sizes.get(path))
+    except OSError as exc:  # a socket error outside httpx
+        raise network_down(exc) from exc
+    return header, reader
