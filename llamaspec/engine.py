@@ -27,7 +27,7 @@ import numpy as np
 
 from llamaspec.controller import DraftLengthController
 from llamaspec.drafters.base import Draft, Drafter
-from llamaspec.runtime import Context, Model, Utf8Stream
+from llamaspec.runtime import Context, DecodeClock, Model, Utf8Stream
 from llamaspec.stats import SpecStats
 from llamaspec.verify import (
     SamplingParams,
@@ -132,6 +132,7 @@ class SpecEngine:
         t1 = time.perf_counter()
         stats.prompt_seconds = t1 - t0
 
+        decode_clock0 = DecodeClock.seconds
         history = prompt
         n_past = len(prompt)              # tokens in the target KV; history[-1] is not among them
         generated: list[int] = []
@@ -227,7 +228,8 @@ class SpecEngine:
         stats.gen_seconds = time.perf_counter() - t1
         stats.draft_seconds = draft_s
         stats.verify_seconds = verify_s
-        stats.overhead_seconds = max(0.0, stats.gen_seconds - draft_s - verify_s)
+        # Overhead: generation wall time not spent inside llama_decode (target or draft).
+        stats.overhead_seconds = max(0.0, stats.gen_seconds - (DecodeClock.seconds - decode_clock0))
         return Generation(generated, "".join(text_parts), len(prompt_tokens), stop_reason, stats)
 
     # -- sampling / verification ---------------------------------------------------------------

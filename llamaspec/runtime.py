@@ -16,6 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from time import perf_counter as _perf
+
 import numpy as np
 
 import llama_cpp
@@ -54,6 +56,12 @@ def _last_log_error() -> str:
     return ""
 
 
+class DecodeClock:
+    """Seconds spent inside llama_decode, over all contexts: the rest of a step is our overhead."""
+
+    seconds = 0.0
+
+
 def default_threads() -> int:
     return max(1, os.cpu_count() or 1)
 
@@ -68,6 +76,7 @@ class Model:
         params.n_gpu_layers = n_gpu_layers
         if load_mtp:
             params.load_mtp = True
+        self.load_mtp = bool(load_mtp)  # NextN/MTP tensors loaded (an MTP context needs them)
         _LOG_TAIL.clear()
         self.ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
@@ -226,6 +235,17 @@ class Context:
         self._seq_of_slot = [0] * self.n_batch
         for i in range(self.n_batch):
             b.seq_id[i][0] = 0
+        self._decode_listeners: list = []
+
+    def add_decode_listener(self, fn) -> None:
+        """Call fn(ctx, tokens, start_pos, seq_id) after every successful llama_decode of this context
+        (once per n_batch chunk), while the chunk's per-token outputs (e.g. the NextN embeddings an
+        MTP drafter pairs with the next tokens) are still readable."""
+        self._decode_listeners.append(fn)
+
+    def remove_decode_listener(self, fn) -> None:
+        if fn in self._decode_listeners:
+            self._decode_listeners.remove(fn)
 
     def decode(self, tokens: list[int], start_pos: int, seq_id: int = 0, outputs: str | int = "last") -> int:
         """Evaluate `tokens` at positions start_pos.. of `seq_id`.
@@ -259,10 +279,16 @@ class Context:
                 self._out[m - want:m] = 1
                 n_out = want
             self._batch.n_tokens = m
+            t0 = _perf()
             rc = llama_cpp.llama_decode(self.ptr, self._batch)
+            DecodeClock.seconds += _perf() - t0
             if rc != 0:
                 raise ModelLoadError(f"llama_decode failed with code {rc}",
                                      "the context may be full or the batch too large; raise --ctx-size")
+            if self._decode_listeners:
+                chunk = list(tokens[i:i + m])
+                for fn in tuple(self._decode_listeners):
+                    fn(self, chunk, start_pos + i, seq_id)
             i += m
         return n_out
 

@@ -88,8 +88,8 @@ class SpecStats:
 
     Fill it with `record_step` after each step and add timings to the *_seconds fields.
     Timings: prompt_seconds (prompt evaluation), gen_seconds (wall time of generation, prompt
-    excluded), draft_seconds / verify_seconds (inside gen_seconds), overhead_seconds (the rest of
-    the engine's own Python work, inside gen_seconds).
+    excluded), draft_seconds / verify_seconds (inside gen_seconds), overhead_seconds (generation
+    time not spent inside llama_decode: the engine's and drafters' own Python work).
     """
 
     steps: int = 0

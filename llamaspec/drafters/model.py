@@ -80,9 +80,12 @@ class ModelDrafter(Drafter):
         while True:
             row = self.ctx.logits(1)[0]
             if self.distribution is None:
-                tok, p = _softmax_max(row)
-                if p < self.p_min:  # llama.cpp: only very confident drafts, the first included
-                    break
+                if self.p_min > 0.0:
+                    tok, p = _softmax_max(row)
+                    if p < self.p_min:  # llama.cpp: only very confident drafts, the first included
+                        break
+                else:
+                    tok = int(row.argmax())
             else:
                 q = self.distribution(row, recent)
                 tok = int(self.rng.choice(len(q), p=q))
