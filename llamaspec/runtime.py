@@ -77,9 +77,16 @@ class Model:
         if load_mtp:
             params.load_mtp = True
         self.load_mtp = bool(load_mtp)  # NextN/MTP tensors loaded (an MTP context needs them)
+        if not self.path.is_file():
+            from llamaspec.gguf_header import read_file
+
+            read_file(self.path)  # raises the precise "not found" / "is a directory" error
         _LOG_TAIL.clear()
         self.ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
+            from llamaspec.gguf_header import read_file
+
+            read_file(self.path)  # a missing, truncated or non-GGUF file gets its own message
             why = _last_log_error()
             raise ModelLoadError(
                 f"llama.cpp could not load {self.path}" + (f": {why}" if why else ""),
