@@ -69,13 +69,15 @@ class Pipeline:
         draft_max = opts.draft_max if opts.draft_max is not None else default_draft_max(opts.spec_types)
         return GenerationConfig(draft_max=draft_max, draft_min=opts.draft_min, adaptive=opts.adaptive, **kw)
 
-    def close(self) -> None:
+    def close(self, keep_target: bool = False) -> None:
+        """Free contexts and the draft model; the target too unless it was passed in to be reused."""
         if self.drafter is not None:
             self.drafter.close()
-        self.ctx.close()
-        self.target.close()
         if self.draft_model is not None:
             self.draft_model.close()
+        self.ctx.close()
+        if not keep_target:
+            self.target.close()
 
 
 def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingParams | None = None,

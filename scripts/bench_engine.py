@@ -54,11 +54,7 @@ def run_ours(target: Model, spec: str, prompt: list[int], args) -> dict:
     try:
         g = pipe.engine.generate(prompt, pipe.config(max_tokens=args.n, sampling=sampling))
     finally:
-        if pipe.drafter is not None:
-            pipe.drafter.close()
-        if pipe.draft_model is not None:
-            pipe.draft_model.close()
-        pipe.ctx.close()
+        pipe.close(keep_target=True)
     s = g.stats
     return {"tokens": g.tokens, "tps": s.tokens_per_second, "acceptance": s.acceptance,
             "drafted": s.drafted, "steps": s.steps, "n": len(g.tokens),

@@ -140,3 +140,15 @@ def run_cli_subprocess():
         return CliResult(proc.returncode, proc.stdout, proc.stderr)
 
     return run
+
+
+@pytest.fixture
+def isolated_home(tmp_path, monkeypatch):
+    """No real model stores: HOME, HF_HOME and OLLAMA_MODELS point into tmp_path."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OLLAMA_MODELS", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    return home

@@ -52,11 +52,7 @@ def generate(target: Model, spec: str, prompt: list[int], *, draft: Path | None 
     try:
         g = pipe.engine.generate(prompt, pipe.config(max_tokens=n, sampling=sampling))
     finally:
-        if pipe.drafter is not None:
-            pipe.drafter.close()
-        if pipe.draft_model is not None:
-            pipe.draft_model.close()
-        pipe.ctx.close()
+        pipe.close(keep_target=True)
     return Run(g.tokens, g.stats)
 
 

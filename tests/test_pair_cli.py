@@ -17,18 +17,6 @@ from llamaspec.gguf_header import read_file
 from hub_server import big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures: a local test Hub
 
 
-@pytest.fixture
-def isolated_home(tmp_path, monkeypatch):
-    """No real model stores: HOME, HF_HOME and OLLAMA_MODELS point into tmp_path."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("HF_HOME", str(home / "hf"))
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OLLAMA_MODELS", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(var, raising=False)
-    return home
-
-
 def _link(src: Path, dst: Path) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     os.symlink(src, dst)

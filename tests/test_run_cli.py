@@ -1,0 +1,132 @@
+"""`llamaspec run` end to end: JSON keys, --draft auto choices, streaming, errors, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+KEYS = {"text", "tokens", "n_prompt", "n_generated", "spec_type", "draft_model", "drafted", "accepted",
+        "acceptance", "mean_accepted_length", "per_position_acceptance", "prompt_seconds", "gen_seconds",
+        "tokens_per_second"}
+
+
+def _run_json(run_cli, *args):
+    r = run_cli("run", *args, "--json", "-t", "1")
+    assert r.exit_code == 0, r.stderr
+    return r.json(), r
+
+
+def test_json_has_every_key_and_spec_matches_plain(run_cli, tiny_models):
+    common = (str(tiny_models["target"]), "-p", "Tell me about the sea.", "-n", "32", "--temp", "0")
+    plain, _ = _run_json(run_cli, *common)
+    spec, _ = _run_json(run_cli, *common, "--draft", str(tiny_models["draft"]))
+    assert KEYS <= set(plain) and KEYS <= set(spec)
+    assert plain["spec_type"] == "none" and plain["draft_model"] is None
+    assert spec["spec_type"] == "draft-simple" and spec["draft_model"] == str(tiny_models["draft"])
+    assert spec["tokens"] == plain["tokens"] and len(plain["tokens"]) == plain["n_generated"] == 32
+    assert spec["drafted"] > 0 and 0 < spec["acceptance"] <= 1
+    assert spec["mean_accepted_length"] == pytest.approx(1 + spec["accepted"] / spec["drafts"])
+
+
+def test_draft_auto_takes_a_compatible_draft_on_disk(run_cli, tiny_models, tmp_path, isolated_home):
+    d = tmp_path / "drafts"
+    d.mkdir()
+    os.symlink(tiny_models["draft"], d / "tiny-draft.gguf")
+    os.symlink(tiny_models["other_vocab"], d / "other.gguf")  # incompatible: must not be taken
+    info, r = _run_json(run_cli, str(tiny_models["target"]), "-p", "hi", "-n", "8", "--temp", "0",
+                        "--draft", "auto", "--search", str(d), "--offline")
+    assert info["spec_type"] == "draft-simple"
+    assert Path(info["draft_model"]).name == "tiny-draft.gguf"
+    assert "--draft auto:" in r.stderr  # the one-line explanation on stderr
+
+
+def test_draft_auto_falls_back_to_ngram_mod(run_cli, tiny_models, isolated_home):
+    info, r = _run_json(run_cli, str(tiny_models["target"]), "-p", "hi", "-n", "8", "--temp", "0",
+                        "--draft", "auto", "--offline")
+    assert info["spec_type"] == "ngram-mod" and info["draft_model"] is None
+    assert "n-gram drafting" in r.stderr
+
+
+def test_draft_auto_prefers_mtp_heads(run_cli, tiny_models, isolated_home):
+    info, _ = _run_json(run_cli, str(tiny_models["mtp"]), "--raw", "-p", "hello", "-n", "8", "--temp", "0",
+                        "--draft", "auto", "--offline")
+    assert info["spec_type"] == "draft-mtp"
+
+
+def test_text_streams_to_stdout_and_stats_to_stderr(run_cli, tiny_models):
+    r = run_cli("run", str(tiny_models["target"]), "-p", "hi", "-n", "16", "--temp", "0", "-t", "1",
+                "--spec-type", "draft", "--draft", str(tiny_models["draft"]))
+    assert r.exit_code == 0
+    assert r.stdout.strip() and "tok/s" not in r.stdout
+    assert "tok/s" in r.stderr and "accepted" in r.stderr
+
+
+def test_prompt_from_stdin_and_file(run_cli, tiny_models, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("Tell me about the sea.")
+    a, _ = _run_json(run_cli, str(tiny_models["target"]), "-f", str(f), "-n", "8", "--temp", "0")
+    r = run_cli("run", str(tiny_models["target"]), "-n", "8", "--temp", "0", "--json", "-t", "1",
+                input="Tell me about the sea.")
+    assert r.exit_code == 0 and r.json()["tokens"] == a["tokens"]
+
+
+def test_old_draft_n_flag_means_draft_max(run_cli, tiny_models):
+    _, r = _run_json(run_cli, str(tiny_models["target"]), "-p", "hi", "-n", "4", "--temp", "0", "--draft", "8")
+    assert "--draft-max 8" in r.stderr
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (["--temp", "-1"], 2, "--temp"),
+    (["--spec-type", "nope"], 2, "unknown speculative type"),
+    (["--spec-type", "draft"], 2, "needs a draft model"),
+    (["--draft-min", "5", "--draft-max", "2"], 2, "--draft-min"),
+    (["--spec-type", "mtp"], 2, "no MTP heads"),
+])
+def test_bad_flags_are_usage_errors(run_cli, tiny_models, args, code, needle):
+    r = run_cli("run", str(tiny_models["target"]), "-p", "hi", "-n", "4", *args)
+    assert r.exit_code == code
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_incompatible_draft_is_refused_with_the_rule(run_cli, tiny_models):
+    r = run_cli("run", str(tiny_models["target"]), "-p", "hi", "-n", "4", "--draft", str(tiny_models["spm"]))
+    assert r.exit_code == 1
+    assert "vocabulary type" in r.stderr and "--force-draft" in r.stderr
+    forced = run_cli("run", str(tiny_models["target"]), "-p", "hi", "-n", "4", "--temp", "0", "-t", "1",
+                     "--draft", str(tiny_models["spm"]), "--force-draft", "--json")
+    assert forced.exit_code == 0 and "warning" in forced.stderr
+
+
+def test_broken_model_files_are_one_line_errors(run_cli, tiny_models, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(Path(tiny_models["target"]).read_bytes()[:5000])
+    junk = tmp_path / "junk.gguf"
+    junk.write_text("not a model")
+    for path, needle in ((cut, "truncated"), (junk, "not a GGUF"), (tmp_path / "missing.gguf", "not found")):
+        r = run_cli("run", str(path), "-p", "hi")
+        assert r.exit_code == 1 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ctrl_c_keeps_the_text_and_prints_stats(tiny_models):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamaspec", "run", str(tiny_models["target"]), "-p", "hi", "-n", "2000",
+         "-c", "2048", "--temp", "0", "-t", "1", "--spec-type", "draft", "--draft", str(tiny_models["draft"])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Wait until text is flowing, then interrupt.
+    first = proc.stdout.read(1)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert first
+    assert proc.returncode == 130, err
+    assert "stop: interrupted" in err and "tok/s" in err
+    assert "Traceback" not in err
