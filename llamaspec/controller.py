@@ -194,6 +194,13 @@ class DraftLengthController:
         self._den = [0.0] * n_max  # decayed observed counts per position
         self._pool_num = 0.0
         self._pool_den = 0.0
+        # The same counts split by the outcome of the previous draft: acceptance comes in runs
+        # (a draft copied from the prompt is right until the text departs from it), so after a
+        # fully accepted draft the next one is likelier to be right than the average says.
+        self._state = 0  # 1: the previous draft was accepted in full
+        self._state_num = [[0.0] * n_max, [0.0] * n_max]
+        self._state_den = [[0.0] * n_max, [0.0] * n_max]
+        self._state_pool = [[0.0, 0.0], [0.0, 0.0]]  # [accepted, accepted + rejections] per state
         self._recent: deque[tuple[int, int]] = deque(maxlen=window)
         self._pause_left = 0
         self._pause_len = pause
@@ -211,10 +218,14 @@ class DraftLengthController:
         return (self._pool_num + w * self.prior_alpha) / (self._pool_den + w)
 
     def position_alphas(self) -> list[float]:
-        """a_i for i = 1..n_max."""
-        pooled = self.alpha
+        """a_i for i = 1..n_max, given the outcome of the previous draft: that state's counts per
+        position, shrunk towards that state's pooled rate (itself shrunk towards the overall one),
+        so positions not drafted yet in this state get the state's rate."""
         w = self.position_weight
-        return [(num + w * pooled) / (den + w) for num, den in zip(self._num, self._den)]
+        acc, seen = self._state_pool[self._state]
+        pooled = (acc + self.prior_weight * self.alpha) / (seen + self.prior_weight)
+        sn, sd = self._state_num[self._state], self._state_den[self._state]
+        return [(num + w * pooled) / (den + w) for num, den in zip(sn, sd)]
 
     def expected_tokens(self, k: int) -> float:
         """E(k): expected tokens of a step drafting k tokens, bonus included."""
@@ -285,12 +296,23 @@ class DraftLengthController:
         self._den = [x * g for x in self._den]
         self._pool_num *= g
         self._pool_den *= g
+        sn, sd = self._state_num[self._state], self._state_den[self._state]
+        for i in range(self.n_max):
+            sn[i] *= g
+            sd[i] *= g
+        sp = self._state_pool[self._state]
+        sp[0] = sp[0] * g + n_accepted
+        sp[1] = sp[1] * g + n_accepted + (1 if n_accepted < n_drafted else 0)
         limit = min(n_drafted, self.n_max)
         for i in range(min(n_accepted, limit)):
             self._num[i] += 1.0
             self._den[i] += 1.0
+            sn[i] += 1.0
+            sd[i] += 1.0
         if n_accepted < limit:
             self._den[n_accepted] += 1.0
+            sd[n_accepted] += 1.0
+        self._state = 1 if n_accepted == n_drafted else 0
         self._pool_num += n_accepted
         self._pool_den += n_accepted + (1 if n_accepted < n_drafted else 0)
         if self._grace > 0:

@@ -239,6 +239,7 @@ class Context:
         self._nseq = np.ctypeslib.as_array(b.n_seq_id, shape=(self.n_batch,))
         self._out = np.ctypeslib.as_array(b.logits, shape=(self.n_batch,))
         self._nseq[:] = 1
+        self._logit_views: dict[tuple[int, int], np.ndarray] = {}
         self._seq_of_slot = [0] * self.n_batch
         for i in range(self.n_batch):
             b.seq_id[i][0] = 0
@@ -309,7 +310,13 @@ class Context:
     def logits(self, n_out: int) -> np.ndarray:
         """The output rows of the last decode, [n_out, n_vocab]; a view valid until the next decode."""
         ptr = llama_cpp.llama_get_logits(self.ptr)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.model.n_vocab))
+        key = (ctypes.addressof(ptr.contents), n_out)
+        view = self._logit_views.get(key)
+        if view is None:  # building a numpy view costs ~70 us; llama.cpp reuses its buffer
+            if len(self._logit_views) > 64:
+                self._logit_views.clear()
+            view = self._logit_views[key] = np.ctypeslib.as_array(ptr, shape=(n_out, self.model.n_vocab))
+        return view
 
     def seq_rm(self, seq_id: int, p0: int, p1: int = -1) -> bool:
         return bool(llama_cpp.llama_memory_seq_rm(self.mem, seq_id, p0, p1))

@@ -219,3 +219,23 @@ def test_verify_ratios_agrees_with_verify_ratio():
         for n in (1, 4, 9):
             cm.observe_verify(n, 0.02 + 0.002 * n)
         assert cm.verify_ratios(10) == pytest.approx([cm.verify_ratio(k) for k in range(11)])
+
+
+def test_acceptance_in_runs_lengthens_drafts_after_full_acceptance():
+    """Copied text is accepted in runs: after a fully accepted draft the controller drafts longer
+    than after a rejection (it conditions on the previous outcome, not only on the average)."""
+    cost = CostModel(verify_ratio_fn=lambda k: 1 + 0.15 * k)
+    c = DraftLengthController(n_max=32, cost=cost)
+    # Runs: five fully accepted drafts, then two drafts rejected at the first token, repeated.
+    for _ in range(6):
+        for _ in range(5):
+            k = c.choose()
+            c.observe(k, k)
+        for _ in range(2):
+            k = c.choose()
+            c.observe(k, 0)
+    k_after_reject = c.choose()
+    c.observe(k_after_reject, k_after_reject)  # now the previous draft was accepted in full
+    k_after_full = c.choose()
+    assert k_after_full >= 3 * max(1, k_after_reject)
+    assert k_after_full >= 8
