@@ -30,8 +30,10 @@ Estimates:
 Fallback: when the per-token acceptance over the last `window` drafted steps (accepted /
 (accepted + rejections)) is below `off_acceptance`, or when even the best k is not worth it
 (rate < `min_gain`), the controller returns 0 (do not draft) for `pause` steps, then probes once
-with `probe_k`; a probe with nothing accepted doubles the pause (up to `max_pause`), a probe with
-at least one token accepted resumes drafting (with `window` steps of grace to re-measure).
+with `probe_k`. A probe that fails (nothing accepted, or even then the best rate is below
+`min_gain`: drafting costs more than it saves, e.g. a draft model as slow as the target) doubles
+the pause (up to `max_pause`); a good probe resumes drafting, with `window` steps of grace
+before the acceptance window may pause it again.
 
 Everything is deterministic given the observations.
 """
@@ -274,7 +276,7 @@ class DraftLengthController:
         if self._probing:
             return self.probe_k
         k, r = self.best()
-        if r < self.min_gain and self._grace == 0:
+        if r < self.min_gain:
             self._start_pause()
             return self._choose()
         return k
@@ -319,7 +321,7 @@ class DraftLengthController:
             self._grace -= 1
         if self._probing:
             self._probing = False
-            if n_accepted > 0:
+            if n_accepted > 0 and self.best()[1] >= self.min_gain:
                 self._pause_len = self.pause  # the probe worked: resume, re-measure for a while
                 self._grace = self.window
             else:

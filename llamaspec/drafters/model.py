@@ -42,9 +42,15 @@ class ModelDrafter(Drafter):
         self._synced: dict[int, int] = {}         # history length known equal to _cached
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int]) -> None:
+        """Evaluate the prompt in the draft now: it is prompt processing, timed as such."""
         self.ctx.seq_rm(seq_id, 0, -1)
         self._cached[seq_id] = []
         self._synced[seq_id] = 0
+        prompt = list(prompt_tokens)
+        if len(prompt) > 1:
+            self.ctx.decode(prompt[:-1], 0, seq_id, outputs=0)
+            self._cached[seq_id] = prompt[:-1]
+            self._synced[seq_id] = len(prompt) - 1
 
     def _sync(self, seq_id: int, history: Sequence[int]) -> int:
         """Bring the draft KV to history[:-1] and decode history[-1]; returns output rows (1)."""
