@@ -33,6 +33,7 @@ from llamaspec.verify import SamplingParams  # noqa: E402
 HERE = Path(__file__).resolve().parent
 PROMPTS = {
     "code": (HERE / "prompts" / "code_rewrite.txt"),
+    "code-raw": (HERE / "prompts" / "code_rewrite_raw.txt"),  # for models without a chat template
     "story": "Write a story about a lighthouse keeper who finds a message in a bottle.",
 }
 
@@ -98,7 +99,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--draft", type=Path)
-    ap.add_argument("--prompt", default="code", help="code | story | a file | literal text")
+    ap.add_argument("--prompt", default="code", help="code | code-raw | story | a file | literal text")
     ap.add_argument("--spec", nargs="+", default=["ngram-simple", "ngram-mod"])
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
