@@ -34,11 +34,14 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 def default_pairings_dir() -> Path:
-    """$LLAMASPEC_PAIRINGS, else pairings/ beside the package (source checkout / editable install)."""
+    """$LLAMASPEC_PAIRINGS, else pairings/ beside the package (source checkout / editable install),
+    else the copy a wheel installs as llamaspec/pairings (pyproject maps it there)."""
     env = os.environ.get("LLAMASPEC_PAIRINGS")
     if env:
         return Path(env).expanduser()
-    return Path(__file__).resolve().parent.parent / "pairings"
+    here = Path(__file__).resolve().parent
+    checkout = here.parent / "pairings"
+    return checkout if checkout.is_dir() else here / "pairings"
 
 
 # ---- records -----------------------------------------------------------------------------------
