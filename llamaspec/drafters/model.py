@@ -40,12 +40,17 @@ class ModelDrafter(Drafter):
         self.rng = rng or np.random.default_rng(0)
         self._cached: dict[int, list[int]] = {}   # tokens in the draft KV cache, per sequence
         self._synced: dict[int, int] = {}         # history length known equal to _cached
+        # Recurrent/hybrid draft models cannot drop a tail of their memory (seq_rm fails): keep
+        # one checkpoint per sequence, (n tokens, state) taken when the draft memory held
+        # exactly history[:n], and roll back to it instead.
+        self._checkpoint: dict[int, tuple[int, bytes]] = {}
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int]) -> None:
         """Evaluate the prompt in the draft now: it is prompt processing, timed as such."""
         self.ctx.seq_rm(seq_id, 0, -1)
         self._cached[seq_id] = []
         self._synced[seq_id] = 0
+        self._checkpoint.pop(seq_id, None)
         prompt = list(prompt_tokens)
         if len(prompt) > 1:
             self.ctx.decode(prompt[:-1], 0, seq_id, outputs=0)
@@ -63,7 +68,8 @@ class ModelDrafter(Drafter):
         if p >= len(history):  # never re-use the last token's cached KV: we need its logits
             p = len(history) - 1
         if p < len(cached):
-            self.ctx.seq_rm(seq_id, p, -1)
+            if not self.ctx.seq_rm(seq_id, p, -1):
+                p = self._roll_back(seq_id, p)
             del cached[p:]
         todo = list(history[p:])
         n_out = self.ctx.decode(todo, p, seq_id, outputs="last")
@@ -80,6 +86,8 @@ class ModelDrafter(Drafter):
                 return Draft([])
         self._sync(seq_id, history)
         cached = self._cached[seq_id]
+        if self.ctx.model.needs_checkpoints:  # the memory holds exactly `history` now
+            self._checkpoint[seq_id] = (len(cached), self.ctx.save_seq(seq_id))
         tokens: list[int] = []
         probs: list[np.ndarray] | None = [] if self.distribution is not None else None
         recent = list(history[-64:])
@@ -107,10 +115,21 @@ class ModelDrafter(Drafter):
             cached.append(tok)
         return Draft(tokens, probs, self.name)
 
+    def _roll_back(self, seq_id: int, p: int) -> int:
+        """The memory cannot be cut at p (recurrent state): restore the latest checkpoint at or
+        before p, else start the sequence over. Returns the new number of cached tokens."""
+        ck = self._checkpoint.get(seq_id)
+        if ck is not None and ck[0] <= p:
+            self.ctx.load_seq(ck[1], seq_id)
+            return ck[0]
+        self.ctx.seq_rm(seq_id, 0, -1)  # removing a whole sequence always works
+        return 0
+
     def end(self, seq_id: int) -> None:
         self.ctx.seq_rm(seq_id, 0, -1)
         self._cached.pop(seq_id, None)
         self._synced.pop(seq_id, None)
+        self._checkpoint.pop(seq_id, None)
 
     def close(self) -> None:
         self.ctx.close()
