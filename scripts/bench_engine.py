@@ -11,88 +11,21 @@ repetitions is reported. Greedy tokens are checked against plain decoding in eve
 --native runs llama.cpp's own `llama-speculative-simple` (built from the vendored source of the
 installed llama-cpp-python; never committed) on the same chat-formatted prompt, in the same
 repetition loop, so its numbers sit beside ours.
+
+A thin wrapper over llamaspec/bench.py, which `llamaspec bench` uses too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llamaspec.pipeline import SpecOptions, load_pipeline, parse_spec_types  # noqa: E402
+from llamaspec.bench import BenchSettings, format_prompt, load_prompt, run_bench  # noqa: E402
 from llamaspec.runtime import Model  # noqa: E402
-from llamaspec.verify import SamplingParams  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
-PROMPTS = {
-    "code": (HERE / "prompts" / "code_rewrite.txt"),
-    "code-raw": (HERE / "prompts" / "code_rewrite_raw.txt"),  # for models without a chat template
-    "story": "Write a story about a lighthouse keeper who finds a message in a bottle.",
-}
-
-
-def load_prompt(name: str) -> str:
-    p = PROMPTS.get(name, name)
-    if isinstance(p, Path):
-        return p.read_text()
-    path = Path(p)
-    return path.read_text() if path.is_file() else str(p)
-
-
-def run_ours(target: Model, spec: str, prompt: list[int], args) -> dict:
-    types = parse_spec_types(spec)
-    opts = SpecOptions(spec_types=types, draft_path=args.draft, n_ctx=args.ctx, n_threads=args.threads,
-                       draft_max=args.draft_max, adaptive=not args.fixed, draft_p_min=args.p_min)
-    sampling = SamplingParams(temperature=0.0)
-    pipe = load_pipeline(target.path, opts, sampling, target=target)
-    try:
-        g = pipe.engine.generate(prompt, pipe.config(max_tokens=args.n, sampling=sampling))
-    finally:
-        pipe.close(keep_target=True)
-    s = g.stats
-    return {"tokens": g.tokens, "tps": s.tokens_per_second, "acceptance": s.acceptance,
-            "e2e_s": s.prompt_seconds + s.gen_seconds,
-            "drafted": s.drafted, "steps": s.steps, "n": len(g.tokens),
-            "mal": s.mean_accepted_length,
-            "overhead_ms": 1000 * s.overhead_seconds / s.steps if s.steps else 0.0}
-
-
-_DEC = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
-_ENC = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
-_ACC = re.compile(r"accept\s+=\s+([\d.]+)%")
-
-
-def run_native(bin_dir: Path, spec: str, prompt_file: Path, args) -> dict | None:
-    exe = bin_dir / "llama-speculative-simple"
-    cmd = [str(exe), "-m", str(args.model), "-f", str(prompt_file), "-n", str(args.n), "--temp", "0",
-           "-t", str(args.threads), "-c", str(args.ctx), "--spec-type", native_type(spec)]
-    if "draft" in spec and "ngram" not in spec:
-        cmd += ["-md", str(args.draft), "--spec-draft-n-max", str(args.native_n_max)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    text = out.stdout + out.stderr
-    m = _DEC.search(text)
-    if not m:
-        return None
-    a = _ACC.search(text)
-    e = _ENC.search(text)
-    return {"tps": float(m.group(3)), "n": int(m.group(1)), "acceptance": float(a.group(1)) / 100 if a else 0.0,
-            "e2e_s": float(m.group(2)) + (float(e.group(2)) if e else 0.0)}
-
-
-def _e2e_tps(r: dict) -> float:
-    """Generated tokens per second of wall time, prompt processing (target and draft) included."""
-    return r["n"] / r["e2e_s"]
-
-
-def native_type(spec: str) -> str:
-    return ",".join(parse_spec_types(spec)) or "none"
 
 
 def main() -> None:
@@ -113,46 +46,23 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    target = Model(args.model)
-    text = load_prompt(args.prompt)
-    formatted = target.chat_prompt([{"role": "user", "content": text}]) if target.chat_template else text
-    prompt = target.tokenize_prompt(formatted)
-    prompt_file = Path(tempfile.mkstemp(suffix=".txt")[1])
-    prompt_file.write_text(formatted)
+    target = Model(args.model, load_mtp=any("mtp" in s for s in args.spec))
+    formatted, prompt, _ = format_prompt(target, load_prompt(args.prompt))
+    settings = BenchSettings(n=args.n, threads=args.threads, ctx=args.ctx, draft_path=args.draft,
+                             draft_max=args.draft_max, draft_p_min=args.p_min, adaptive=not args.fixed,
+                             native_draft_max=args.native_n_max)
+    modes = list(dict.fromkeys(args.spec))
 
-    rows: dict[str, list[dict]] = {}
-    for rep in range(args.reps):
-        plain = run_ours(target, "none", prompt, args)
-        rows.setdefault("plain", []).append(plain)
-        for spec in args.spec:
-            r = run_ours(target, spec, prompt, args)
-            r["ratio"] = r["tps"] / plain["tps"]
-            r["e2e_ratio"] = _e2e_tps(r) / _e2e_tps(plain)
-            r["identical"] = r["tokens"] == plain["tokens"]
-            rows.setdefault(spec, []).append(r)
-        if args.native:
-            for spec in args.spec:
-                nr = run_native(args.native, spec, prompt_file, args)
-                if nr is not None:
-                    nr["ratio"] = nr["tps"] / plain["tps"]
-                    nr["e2e_ratio"] = _e2e_tps(nr) / _e2e_tps(plain)
-                    rows.setdefault(f"native {spec}", []).append(nr)
-        print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
+    def progress(rep: int, r) -> None:
+        if r.mode == "plain" and rep > 1:  # a repetition starts with plain: the previous one is done
+            print(f"rep {rep - 1}/{args.reps} done", file=sys.stderr)
 
-    summary = []
-    for mode, rs in rows.items():
-        summary.append({
-            "mode": mode,
-            "tok_s": statistics.median(r["tps"] for r in rs),
-            "ratio_vs_plain": statistics.median(r.get("ratio", 1.0) for r in rs),
-            "ratios": [round(r.get("ratio", 1.0), 3) for r in rs],
-            "e2e_ratio_vs_plain": statistics.median(r.get("e2e_ratio", 1.0) for r in rs),
-            "acceptance": statistics.median(r.get("acceptance", 0.0) for r in rs),
-            "mean_accepted_length": statistics.median(r.get("mal", 0.0) for r in rs) if "mal" in rs[0] else None,
-            "identical_to_plain": all(r.get("identical", True) for r in rs) if mode != "plain" and not mode.startswith("native") else None,
-            "overhead_ms_per_step": statistics.median(r["overhead_ms"] for r in rs) if "overhead_ms" in rs[0] else None,
-            "n_generated": rs[0]["n"],
-        })
+    result = run_bench(target, prompt, modes, settings, args.reps, native=args.native,
+                       formatted_prompt=formatted, on_run=progress)
+    print(f"rep {args.reps}/{args.reps} done", file=sys.stderr)
+    for note in result.notes:
+        print(f"warning: {note}", file=sys.stderr)
+    summary = [s.to_dict() for s in result.summaries]
     if args.json:
         print(json.dumps({"model": str(args.model), "draft": str(args.draft), "prompt_tokens": len(prompt),
                           "n": args.n, "threads": args.threads, "reps": args.reps, "results": summary}, indent=1))
@@ -164,7 +74,9 @@ def main() -> None:
         mal = f"{s['mean_accepted_length']:.2f}" if s["mean_accepted_length"] else "-"
         ident = {True: "yes", False: "NO", None: "-"}[s["identical_to_plain"]]
         ovh = f"{s['overhead_ms_per_step']:.3f}" if s["overhead_ms_per_step"] is not None else "-"
-        print(f"{s['mode']:<28}{s['tok_s']:>8.1f}{s['ratio_vs_plain']:>7.2f}x{s['e2e_ratio_vs_plain']:>7.2f}x"
+        ratio = f"{s['ratio_vs_plain']:>7.2f}x" if s["ratio_vs_plain"] is not None else f"{'-':>8}"
+        e2e = f"{s['e2e_ratio_vs_plain']:>7.2f}x" if s["e2e_ratio_vs_plain"] is not None else f"{'-':>8}"
+        print(f"{s['mode']:<28}{s['tok_s']:>8.1f}{ratio}{e2e}"
               f"  {100 * s['acceptance']:>6.1f}%"
               f"{mal:>6}{ident:>7}{ovh:>8}  {s['ratios']}")
 

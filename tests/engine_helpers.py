@@ -19,7 +19,7 @@ from llamaspec.runtime import Context, ContextConfig, Model
 from llamaspec.verify import SamplingParams
 
 # The benchmark's code-rewrite prompt: a model rewriting a file copies most of it.
-CODE_REWRITE = (Path(__file__).resolve().parents[1] / "scripts" / "prompts" / "code_rewrite.txt").read_text()
+CODE_REWRITE = (Path(__file__).resolve().parents[1] / "llamaspec" / "prompts" / "code_rewrite.txt").read_text()
 
 PROMPTS = {
     "chat": "Explain in two sentences what a hash map is.",

@@ -1,0 +1,190 @@
+"""`llamaspec bench` end to end on the tiny models, plus the summary logic on made-up runs.
+
+Speed is never asserted: only that ratios exist and are positive, and that the token check and
+the choice of the best mode are honest.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import stat
+from pathlib import Path
+
+import pytest
+
+from llamaspec.bench import (PLAIN, PROMPT_PRESETS, BenchResult, BenchSettings, RepResult, best_mode,
+                             preset_text, summarise)
+
+MODE_KEYS = {"mode", "native", "reps", "tok_s", "ratio_vs_plain", "ratios", "e2e_ratio_vs_plain", "acceptance",
+             "mean_accepted_length", "drafted", "accepted", "identical_to_plain", "first_difference",
+             "differing_reps", "overhead_ms_per_step", "n_generated"}
+TOP_KEYS = {"model", "model_path", "draft", "draft_path", "prompt", "chat", "prompt_tokens", "n", "threads",
+            "ctx", "reps", "greedy", "results", "best", "all_identical", "notes"}
+FAST = ("--reps", "1", "-n", "16", "-t", "1")
+
+
+def _bench(run_cli, tiny_models, *args):
+    return run_cli("bench", str(tiny_models["target"]), "--draft", str(tiny_models["draft"]), *FAST, *args)
+
+
+def test_json_on_tiny_models(run_cli, tiny_models):
+    r = _bench(run_cli, tiny_models, "--spec-type", "draft", "--spec-type", "ngram-simple", "--json")
+    assert r.exit_code == 0, r.stderr
+    info = r.json()
+    assert TOP_KEYS <= set(info)
+    modes = {m["mode"]: m for m in info["results"]}
+    assert list(modes) == [PLAIN, "draft-simple", "ngram-simple"]
+    for m in modes.values():
+        assert MODE_KEYS <= set(m)
+        assert m["tok_s"] > 0 and m["ratio_vs_plain"] > 0 and m["e2e_ratio_vs_plain"] > 0
+        assert all(x > 0 for x in m["ratios"]) and len(m["ratios"]) == 1
+        assert m["n_generated"] == 16 and m["native"] is False
+    assert modes[PLAIN]["identical_to_plain"] is None and modes[PLAIN]["ratio_vs_plain"] == 1.0
+    for name in ("draft-simple", "ngram-simple"):
+        assert modes[name]["identical_to_plain"] is True and modes[name]["first_difference"] is None
+    assert modes["draft-simple"]["drafted"] > 0
+    assert info["all_identical"] is True and info["greedy"] is True
+    assert info["best"]["mode"] in modes and info["best"]["ratio_vs_plain"] > 0
+    assert info["n"] == 16 and info["reps"] == 1 and info["threads"] == 1 and info["prompt_tokens"] > 0
+    assert "rep 1/1" in r.stderr  # progress goes to stderr, the JSON object alone to stdout
+
+
+def test_table_on_stdout_progress_on_stderr_and_quiet(run_cli, tiny_models):
+    r = _bench(run_cli, tiny_models, "--spec-type", "draft", "-p", "Tell me about the sea.")
+    assert r.exit_code == 0, r.stderr
+    for word in ("mode", "tok/s", "ratio", "e2e", "accept", "MAL", "identical", "per-rep", "plain",
+                 "draft-simple", "best:"):
+        assert word in r.stdout
+    assert "rep 1/1 plain" in r.stderr and "rep 1/1" not in r.stdout
+    q = _bench(run_cli, tiny_models, "--spec-type", "draft", "-p", "Tell me about the sea.", "-q")
+    assert q.exit_code == 0 and q.stderr == ""
+    assert re.fullmatch(r"(plain|draft-simple) \d+\.\d\dx\n", q.stdout)
+
+
+def test_presets_and_raw(run_cli, tiny_models):
+    assert set(PROMPT_PRESETS) == {"code", "code-raw", "story"}
+    assert "```python" in preset_text("code") and "```python" in preset_text("code-raw")
+    r = run_cli("bench", str(tiny_models["target"]), *FAST, "--spec-type", "ngram-mod", "--raw", "--json")
+    assert r.exit_code == 0, r.stderr
+    info = r.json()
+    assert info["chat"] is False and info["prompt"] == "preset code-raw"  # the completion form without chat
+    r = run_cli("bench", str(tiny_models["target"]), *FAST, "--spec-type", "ngram-mod", "--json",
+                "--prompt-preset", "story")
+    assert r.exit_code == 0 and r.json()["chat"] is True and r.json()["prompt"] == "preset story"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--reps", "0"], "--reps"),
+    (["-n", "0"], "-n"),
+    (["--spec-type", "nope"], "unknown speculative type"),
+    (["--spec-type", "draft"], "needs a draft model"),
+    (["--spec-type", "none"], "no speculative mode"),
+    (["-p", "x", "--prompt-preset", "code"], "one prompt source"),
+    (["--prompt-preset", "poem"], "--prompt-preset"),
+    (["--draft", "auto"], "draft path or Hub ref"),
+    (["-n", "100000"], "exceeds the context"),
+])
+def test_bad_flags_are_one_line_usage_errors(run_cli, tiny_models, args, needle):
+    r = run_cli("bench", str(tiny_models["target"]), "-t", "1", *args)
+    assert r.exit_code == 2, r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+def test_native_dir_without_the_binary(run_cli, tiny_models, tmp_path):
+    r = run_cli("bench", str(tiny_models["target"]), "--native", str(tmp_path))
+    assert r.exit_code == 2 and "llama-speculative-simple" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def _fake_native(d, body: str):
+    exe = d / "llama-speculative-simple"
+    exe.write_text("#!/bin/sh\n" + body)
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return d
+
+
+def test_native_rows_sit_beside_ours(run_cli, tiny_models, tmp_path):
+    log = ('echo "encoded  600 tokens in    0.100 seconds, speed: 6000.0 t/s" >&2\n'
+           'echo "decoded   16 tokens in    0.020 seconds, speed:  800.0 t/s" >&2\n'
+           'echo "accept    = 50.000%" >&2\n')
+    _fake_native(tmp_path, log)
+    r = _bench(run_cli, tiny_models, "--spec-type", "ngram-simple", "--native", str(tmp_path), "--json")
+    assert r.exit_code == 0, r.stderr
+    modes = {m["mode"]: m for m in r.json()["results"]}
+    nat = modes["native ngram-simple"]
+    assert nat["native"] is True and nat["identical_to_plain"] is None  # not checked, never claimed
+    assert nat["tok_s"] == 800.0 and nat["acceptance"] == 0.5 and nat["ratio_vs_plain"] > 0
+
+
+def test_native_failure_is_a_note_not_a_crash(run_cli, tiny_models, tmp_path):
+    _fake_native(tmp_path, 'echo "error: failed to load model" >&2\nexit 1\n')
+    r = _bench(run_cli, tiny_models, "--spec-type", "ngram-simple", "--native", str(tmp_path), "--json")
+    assert r.exit_code == 0, r.stderr
+    info = r.json()
+    assert not any(m["native"] for m in info["results"])
+    assert any("failed to load model" in n for n in info["notes"])
+    assert "warning" in r.stderr
+
+
+# ---- the summary on made-up runs (no model) -------------------------------------------------------
+
+
+def _rep(mode, tps, tokens, drafted=0, accepted=0):
+    return RepResult(mode=mode, n=len(tokens), tps=tps, e2e_s=len(tokens) / tps * 1.1, drafted=drafted,
+                     accepted=accepted, drafts=1 if drafted else 0, steps=len(tokens), tokens=tokens,
+                     mean_accepted_length=1 + accepted if drafted else 1.0, overhead_ms=0.01)
+
+
+def _made_up() -> BenchResult:
+    runs: dict[str, list[RepResult]] = {PLAIN: [], "fast-but-wrong": [], "honest": [], "no-drafts": []}
+    for rep in range(3):
+        plain = _rep(PLAIN, 100.0, [1, 2, 3, 4])
+        plain.ratio = plain.e2e_ratio = 1.0
+        runs[PLAIN].append(plain)
+        wrong = [1, 2, 9, 4] if rep == 1 else [1, 2, 3, 4]
+        runs["fast-but-wrong"].append(_rep("fast-but-wrong", 300.0, wrong, 4, 3).compare_to(plain))
+        runs["honest"].append(_rep("honest", 150.0 + rep, [1, 2, 3, 4], 4, 2).compare_to(plain))
+        runs["no-drafts"].append(_rep("no-drafts", 200.0, [1, 2, 3, 4]).compare_to(plain))
+    return BenchResult(prompt_tokens=10, reps=3, settings=BenchSettings(n=4, threads=1), runs=runs,
+                       summaries=summarise(runs))
+
+
+def test_a_mode_that_changed_tokens_is_flagged_and_never_best():
+    res = _made_up()
+    by = {s.mode: s for s in res.summaries}
+    wrong = by["fast-but-wrong"]
+    assert wrong.identical_to_plain is False and wrong.differing_reps == 1 and wrong.first_difference == 2
+    assert wrong.ratio_vs_plain == pytest.approx(3.0)  # measured, reported, but not recommended
+    assert by["honest"].identical_to_plain is True and by["honest"].ratio_vs_plain == pytest.approx(1.51)
+    assert by["honest"].ratios == [1.5, 1.51, 1.52]
+    # no drafts: its 2x is noise, and it is not the best either
+    assert best_mode(res.summaries).mode == "honest"
+    assert res.differing == [wrong]
+
+
+def test_render_says_no_for_differing_tokens():
+    from rich.console import Console
+
+    from llamaspec.cli.bench import _render, _to_dict
+
+    res = _made_up()
+    info = _to_dict(res, model="m.gguf", target_path=Path("m.gguf"), draft=None,
+                    draft_path=None, source="prompt", chat=False)
+    assert info["all_identical"] is False
+    assert any("fast-but-wrong" in n and "differ" in n for n in info["notes"])
+    assert any("no-drafts" in n and "noise" in n for n in info["notes"])
+    buf = io.StringIO()
+    _render(Console(file=buf, width=200, color_system=None), res, info)
+    text = buf.getvalue()
+    row = next(line for line in text.splitlines() if line.startswith("fast-but-wrong"))
+    assert "NO" in row and "1/3" in row
+    assert "best: honest" in text
+
+
+def test_plain_is_best_when_nothing_beats_it():
+    runs = {PLAIN: [_rep(PLAIN, 100.0, [1, 2])], "slow": [_rep("slow", 50.0, [1, 2], 2, 1)]}
+    runs[PLAIN][0].ratio = 1.0
+    runs["slow"][0].compare_to(runs[PLAIN][0])
+    assert best_mode(summarise(runs)).mode == PLAIN
