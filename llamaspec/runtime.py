@@ -59,7 +59,8 @@ def _last_log_error() -> str:
 
 
 class DecodeClock:
-    """Seconds spent inside llama_decode, over all contexts: the rest of a step is our overhead."""
+    """Seconds spent inside llama.cpp's decode (llama_decode, and llama_get_logits, which waits
+    for the batch to finish), over all contexts: the rest of a step is our own overhead."""
 
     seconds = 0.0
 
@@ -311,7 +312,9 @@ class Context:
 
     def logits(self, n_out: int) -> np.ndarray:
         """The output rows of the last decode, [n_out, n_vocab]; a view valid until the next decode."""
-        ptr = llama_cpp.llama_get_logits(self.ptr)
+        t0 = _perf()
+        ptr = llama_cpp.llama_get_logits(self.ptr)  # waits for llama.cpp to finish the batch
+        DecodeClock.seconds += _perf() - t0
         key = (ctypes.addressof(ptr.contents), n_out)
         view = self._logit_views.get(key)
         if view is None:  # building a numpy view costs ~70 us; llama.cpp reuses its buffer
