@@ -49,10 +49,9 @@ def _draft_model(opts, target, ctx, sampling) -> Built:
         raise UsageError("--spec-type draft needs a draft model", "pass --draft PATH (or --draft auto)")
     model = Model(opts.draft_path, n_gpu_layers=opts.n_gpu_layers_draft)
     dctx = Ctx(model, ContextConfig(n_ctx=ctx.n_ctx, n_threads=opts.n_threads))
-    dist = None
-    if not sampling.greedy:
-        def dist(row, recent):
-            return target_distribution(row, sampling, recent)
+    # At T > 0 the draft samples from the target's sampling chain applied to its own logits and
+    # hands over those probabilities, so verification can use rejection sampling.
+    dist = None if sampling.greedy else (lambda row, recent: target_distribution(row, sampling, recent))
     return Built(ModelDrafter(dctx, p_min=opts.draft_p_min, distribution=dist, rng=sampling.rng()), model)
 
 

@@ -18,7 +18,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -469,7 +469,6 @@ def write_mtp_model(
 
     vocab = vocab or bpe_vocab()
     n_all = n_trunk + n_nextn
-    hd = n_embd // n_head
 
     def fill(tmp: Path) -> None:
         w = gguf.GGUFWriter(str(tmp), "mimo2")
@@ -542,11 +541,32 @@ def _set_spec() -> dict[str, dict]:
     return spec
 
 
-def _fingerprint() -> dict:
-    # The generator's own source is part of the key: any edit here invalidates cached sets.
-    src = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+def generator_fingerprint(source_file: str, names: Sequence[str]) -> dict:
+    """Cache key of a generated set: the generator's own source is part of it, so any edit to
+    the generator invalidates cached sets."""
+    src = hashlib.sha256(Path(source_file).read_bytes()).hexdigest()[:16]
     return {"generator_version": GENERATOR_VERSION, "source": src, "numpy": np.__version__,
-            "files": [f"{n}.gguf" for n in SET_NAMES]}
+            "files": [f"{n}.gguf" for n in names]}
+
+
+def cached_set(outdir: Path, names: Sequence[str], manifest_name: str, want: dict,
+               write: Callable[[dict[str, Path]], None], *, force: bool = False) -> dict[str, Path]:
+    """name -> path of a generated set in `outdir`: reused when its manifest equals `want`,
+    else written by `write(paths)` and the manifest recorded after it."""
+    outdir = Path(outdir)
+    paths = {name: outdir / f"{name}.gguf" for name in names}
+    manifest = outdir / manifest_name
+    if not force and manifest.is_file() and all(p.is_file() for p in paths.values()):
+        try:
+            if json.loads(manifest.read_text()) == want:
+                return paths
+        except (OSError, ValueError):
+            pass
+    write(paths)
+    tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(want))
+    os.replace(tmp, manifest)
+    return paths
 
 
 def make_tiny_set(outdir: Path, *, force: bool = False) -> dict[str, Path]:
@@ -555,24 +575,14 @@ def make_tiny_set(outdir: Path, *, force: bool = False) -> dict[str, Path]:
     Keys: SET_NAMES (target, draft, other_vocab, spm, mtp, variant_<kind> for VARIANT_KINDS).
     A manifest records the generator's fingerprint; a set with the same one is reused.
     """
-    outdir = Path(outdir)
-    paths = {name: outdir / f"{name}.gguf" for name in SET_NAMES}
-    manifest = outdir / "tiny-set.json"
-    want = _fingerprint()
-    if not force and manifest.is_file() and all(p.is_file() for p in paths.values()):
-        try:
-            if json.loads(manifest.read_text()) == want:
-                return paths
-        except (OSError, ValueError):
-            pass
-    for name, kw in _set_spec().items():
-        kw = dict(kw)
-        kind = kw.pop("kind")
-        if kind == "mtp":
-            write_mtp_model(paths[name], **kw)
-        else:
-            write_llama_model(paths[name], **kw)
-    tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(want))
-    os.replace(tmp, manifest)
-    return paths
+    def write(paths: dict[str, Path]) -> None:
+        for name, kw in _set_spec().items():
+            kw = dict(kw)
+            kind = kw.pop("kind")
+            if kind == "mtp":
+                write_mtp_model(paths[name], **kw)
+            else:
+                write_llama_model(paths[name], **kw)
+
+    return cached_set(outdir, SET_NAMES, "tiny-set.json", generator_fingerprint(__file__, SET_NAMES),
+                      write, force=force)

@@ -24,15 +24,14 @@ speculation sees full, partial and zero acceptances.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from llamaspec.testing.tiny_models import Vocab, _atomic_write, _finish, _normal, _shared_weights, bpe_vocab
+from llamaspec.testing.tiny_models import (
+    Vocab, _atomic_write, _finish, _normal, _shared_weights, bpe_vocab, cached_set, generator_fingerprint,
+)
 
 GENERATOR_VERSION = 1
 
@@ -134,27 +133,11 @@ RECURRENT_SET = {
 }
 
 
-def _fingerprint() -> dict:
-    src = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-    return {"generator_version": GENERATOR_VERSION, "source": src, "numpy": np.__version__,
-            "files": [f"{n}.gguf" for n in RECURRENT_SET]}
-
-
 def make_recurrent_set(outdir: Path, *, force: bool = False) -> dict[str, Path]:
     """Write (or reuse) the tiny mamba models in `outdir`; returns name -> path (keys of RECURRENT_SET)."""
-    outdir = Path(outdir)
-    paths = {name: outdir / f"{name}.gguf" for name in RECURRENT_SET}
-    manifest = outdir / "recurrent-set.json"
-    want = _fingerprint()
-    if not force and manifest.is_file() and all(p.is_file() for p in paths.values()):
-        try:
-            if json.loads(manifest.read_text()) == want:
-                return paths
-        except (OSError, ValueError):
-            pass
-    for name, kw in RECURRENT_SET.items():
-        write_mamba_model(paths[name], **kw)
-    tmp = manifest.with_name(f".{manifest.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(want))
-    os.replace(tmp, manifest)
-    return paths
+    def write(paths: dict[str, Path]) -> None:
+        for name, kw in RECURRENT_SET.items():
+            write_mamba_model(paths[name], **kw)
+
+    return cached_set(outdir, list(RECURRENT_SET), "recurrent-set.json",
+                      generator_fingerprint(__file__, list(RECURRENT_SET)), write, force=force)
