@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
+    from llamaspec.pipeline import NgramParams
     from llamaspec.runtime import Model
 
 PLAIN = "plain"
@@ -81,6 +82,7 @@ class BenchSettings:
     draft_p_min: float = 0.0
     adaptive: bool = True               # False: always draft draft_max tokens
     native_draft_max: int = 4           # llama-speculative-simple's --spec-draft-n-max (draft modes)
+    ngram: "NgramParams | None" = None  # None: the pipeline's defaults; native runs get the same values
 
 
 @dataclass
@@ -201,6 +203,8 @@ def run_mode(target: "Model", spec: str, prompt: Sequence[int], settings: BenchS
     opts = SpecOptions(spec_types=types, draft_path=settings.draft_path, n_ctx=settings.ctx,
                        n_threads=settings.threads, draft_max=settings.draft_max,
                        adaptive=settings.adaptive, draft_p_min=settings.draft_p_min)
+    if settings.ngram is not None:
+        opts.ngram = settings.ngram
     sampling = SamplingParams(temperature=0.0)
     pipe = load_pipeline(target.path, opts, sampling, target=target)
     try:
@@ -250,6 +254,10 @@ def native_command(bin_dir: Path, model: Path, spec: str, prompt_file: Path, set
            "-t", str(settings.threads or default_threads()), "-c", str(settings.ctx), "--spec-type", kind]
     if "draft-simple" in kind.split(","):
         cmd += ["-md", str(settings.draft_path), "--spec-draft-n-max", str(settings.native_draft_max)]
+    if "ngram" in kind:  # the same n-gram settings as our run, so the comparison is like for like
+        from llamaspec.pipeline import NgramParams
+
+        cmd += (settings.ngram or NgramParams()).native_flags()
     return cmd
 
 

@@ -188,3 +188,17 @@ def test_plain_is_best_when_nothing_beats_it():
     runs[PLAIN][0].ratio = 1.0
     runs["slow"][0].compare_to(runs[PLAIN][0])
     assert best_mode(summarise(runs)).mode == PLAIN
+
+
+def test_native_runs_get_the_same_ngram_settings(tmp_path):
+    """A side-by-side comparison is like for like: native llama.cpp gets our n-gram settings."""
+    from llamaspec.bench import BenchSettings, native_command
+    from llamaspec.pipeline import NgramParams
+
+    settings = BenchSettings(threads=1, ngram=NgramParams(simple_size_n=9, mod_n_match=7))
+    cmd = native_command(tmp_path, tmp_path / "m.gguf", "ngram-simple,ngram-mod", tmp_path / "p.txt", settings)
+    assert cmd[cmd.index("--spec-ngram-simple-size-n") + 1] == "9"
+    assert cmd[cmd.index("--spec-ngram-mod-n-match") + 1] == "7"
+    plain = native_command(tmp_path, tmp_path / "m.gguf", "draft-simple", tmp_path / "p.txt",
+                           BenchSettings(threads=1, draft_path=tmp_path / "d.gguf"))
+    assert "--spec-ngram-simple-size-n" not in plain

@@ -130,3 +130,24 @@ def test_ctrl_c_keeps_the_text_and_prints_stats(tiny_models):
     assert proc.returncode == 130, err
     assert "stop: interrupted" in err and "tok/s" in err
     assert "Traceback" not in err
+
+
+def test_ngram_flags_reach_the_drafters(run_cli, tiny_models):
+    """llama.cpp's --spec-ngram-* flags end up in the drafters the factory builds."""
+    from llamaspec.cli.app import ngram_params
+    from llamaspec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+
+    ngram = ngram_params(9, 30, 7, 5, 40)
+    opts = SpecOptions(spec_types=parse_spec_types("ngram-simple,ngram-mod"), n_ctx=256, n_threads=1, ngram=ngram)
+    pipe = load_pipeline(tiny_models["target"], opts)
+    try:
+        simple, mod = pipe.drafter.drafters
+        assert (simple.size_n, simple.size_m) == (9, 30)
+        assert (mod.n_match, mod.n_min, mod.n_max) == (7, 5, 40)
+    finally:
+        pipe.close()
+    r = run_cli("run", str(tiny_models["target"]), "-p", "hi", "--spec-ngram-simple-size-n", "0")
+    assert r.exit_code == 2 and "--spec-ngram-simple-size-n" in r.stderr
+    r = run_cli("run", str(tiny_models["target"]), "-p", "hi", "--spec-ngram-mod-n-min", "9",
+                "--spec-ngram-mod-n-max", "4")
+    assert r.exit_code == 2 and "n-min" in r.stderr

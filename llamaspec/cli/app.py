@@ -23,6 +23,38 @@ QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help="Print only the es
 VerboseOpt = Annotated[bool, typer.Option("-v", "--verbose", help="More detail on stderr.")]
 
 
+# llama.cpp's n-gram drafter flags (run and bench); None keeps llamaspec's default (NgramParams).
+NgramSizeNOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-simple-size-n", help="ngram-simple: n-gram length to match (llamaspec 6, llama.cpp 12).")]
+NgramSizeMOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-simple-size-m", help="ngram-simple: tokens copied after a match (48).")]
+NgramModMatchOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-mod-n-match", help="ngram-mod: n-gram length hashed (llamaspec 6, llama.cpp 24).")]
+NgramModMinOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-mod-n-min", help="ngram-mod: shortest draft kept (llamaspec 4, llama.cpp 48).")]
+NgramModMaxOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-mod-n-max", help="ngram-mod: longest draft (64).")]
+
+
+def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, mod_min: int | None,
+                 mod_max: int | None):
+    """NgramParams from the flags above, checked; unset flags keep the defaults."""
+    from dataclasses import replace
+
+    from llamaspec.errors import UsageError
+    from llamaspec.pipeline import NgramParams
+
+    given = {"simple_size_n": size_n, "simple_size_m": size_m, "mod_n_match": mod_match,
+             "mod_n_min": mod_min, "mod_n_max": mod_max}
+    for name, value in given.items():
+        if value is not None and value < 1:
+            raise UsageError(f"--spec-ngram-{name.replace('_', '-')} must be >= 1")
+    params = replace(NgramParams(), **{k: v for k, v in given.items() if v is not None})
+    if params.mod_n_min > params.mod_n_max:
+        raise UsageError("--spec-ngram-mod-n-min must not exceed --spec-ngram-mod-n-max")
+    return params
+
+
 def setup_output(json: bool = False, quiet: bool = False, verbose: bool = False) -> output.Output:
     return output.configure(json=json, quiet=quiet, verbose=verbose)
 

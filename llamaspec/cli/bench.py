@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from llamaspec.cli.app import JsonOpt, QuietOpt, VerboseOpt, app, setup_output
+from llamaspec.cli.app import (
+    JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
+    ngram_params, setup_output,
+)
 from llamaspec.errors import InputError, UsageError
 
 if TYPE_CHECKING:
@@ -57,6 +60,11 @@ def bench(
         "--native-draft-max", help="--spec-draft-n-max for native draft modes.")] = 4,
     offline: Annotated[bool, typer.Option("--offline", help="Never use the network.")] = False,
     force_draft: Annotated[bool, typer.Option("--force-draft", help="Use a draft that fails the vocabulary check.")] = False,
+    ngram_size_n: NgramSizeNOpt = None,
+    ngram_size_m: NgramSizeMOpt = None,
+    ngram_mod_match: NgramModMatchOpt = None,
+    ngram_mod_min: NgramModMinOpt = None,
+    ngram_mod_max: NgramModMaxOpt = None,
     json: JsonOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -66,6 +74,7 @@ def bench(
     out = setup_output(json, quiet, verbose)
     _check_ranges(n=n_predict, reps=reps, threads=threads, ctx=ctx_size, draft_max=draft_max,
                   draft_p_min=draft_p_min, fixed=fixed_k, native_draft_max=native_draft_max)
+    ngram = ngram_params(ngram_size_n, ngram_size_m, ngram_mod_match, ngram_mod_min, ngram_mod_max)
     text, source = _prompt(prompt, file, preset)
     if native is not None:
         from llamaspec.bench import native_exe
@@ -108,7 +117,8 @@ def bench(
                              "raise -c/--ctx-size or lower -n")
         settings = BenchSettings(n=n_predict, threads=threads or default_threads(), ctx=ctx_size,
                                  draft_path=draft_path, draft_max=draft_max, draft_p_min=draft_p_min,
-                                 adaptive=not fixed_k, native_draft_max=native_draft_max)
+                                 adaptive=not fixed_k, native_draft_max=native_draft_max,
+                                 ngram=ngram)
         out.info(f"{_escape(source)}: {len(tokens)} tokens{' (chat template)' if used_chat else ''}; "
                  f"modes: plain, {', '.join(modes)}; {reps} rep(s) of {n_predict} tokens, "
                  f"{settings.threads} thread(s), greedy")

@@ -8,7 +8,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from llamaspec.cli.app import JsonOpt, QuietOpt, VerboseOpt, app, setup_output
+from llamaspec.cli.app import (
+    JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
+    ngram_params, setup_output,
+)
 from llamaspec.errors import InputError, UsageError
 
 _SPEC_HELP = ("Speculative types, comma list: none, draft, ngram-simple, ngram-mod, mtp "
@@ -73,6 +76,11 @@ def run(
     offline: Annotated[bool, typer.Option("--offline", help="Never use the network.")] = False,
     force_draft: Annotated[bool, typer.Option("--force-draft", help="Use a draft that fails the vocabulary check.")] = False,
     search: Annotated[Optional[list[Path]], typer.Option("--search", help="Also look here for drafts (--draft auto).")] = None,
+    ngram_size_n: NgramSizeNOpt = None,
+    ngram_size_m: NgramSizeMOpt = None,
+    ngram_mod_match: NgramModMatchOpt = None,
+    ngram_mod_min: NgramModMinOpt = None,
+    ngram_mod_max: NgramModMaxOpt = None,
     json: JsonOpt = False,
     quiet: QuietOpt = False,
     verbose: VerboseOpt = False,
@@ -82,6 +90,7 @@ def run(
     text = read_prompt(prompt, file)
     _check_ranges(n_predict=n_predict, temp=temp, top_p=top_p, min_p=min_p, ctx_size=ctx_size,
                   draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min)
+    ngram = ngram_params(ngram_size_n, ngram_size_m, ngram_mod_match, ngram_mod_min, ngram_mod_max)
 
     from llamaspec.pipeline import SpecOptions, load_pipeline
     from llamaspec.report import generation_dict, render_stats
@@ -98,7 +107,8 @@ def run(
     opts = SpecOptions(spec_types=r.spec_types, draft_path=r.draft_path,
                        draft_max=draft_max if draft_max is not None else r.draft_max,
                        draft_min=draft_min, draft_p_min=draft_p_min, adaptive=not fixed_k,
-                       n_ctx=ctx_size, n_threads=threads, n_gpu_layers=ngl, n_gpu_layers_draft=ngld)
+                       n_ctx=ctx_size, n_threads=threads, n_gpu_layers=ngl, n_gpu_layers_draft=ngld,
+                       ngram=ngram)
     out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")
     pipe = load_pipeline(r.target_path, opts, sampling)
     try:

@@ -31,13 +31,14 @@ class Built:
 def _ngram_simple(opts, target, ctx, sampling) -> Built:
     from llamaspec.drafters.ngram import NgramSimpleDrafter
 
-    return Built(NgramSimpleDrafter())
+    return Built(NgramSimpleDrafter(size_n=opts.ngram.simple_size_n, size_m=opts.ngram.simple_size_m))
 
 
 def _ngram_mod(opts, target, ctx, sampling) -> Built:
     from llamaspec.drafters.ngram import NgramModDrafter
 
-    return Built(NgramModDrafter())
+    g = opts.ngram
+    return Built(NgramModDrafter(n_match=g.mod_n_match, n_min=g.mod_n_min, n_max=g.mod_n_max))
 
 
 def _draft_model(opts, target, ctx, sampling) -> Built:
