@@ -60,6 +60,17 @@ class ContextFullError(LlamaspecError):
     """Generation reached the context size."""
 
 
+def _click_kind(exc: BaseException) -> str | None:
+    """"ClickException" / "Abort" for the CLI parser's exceptions (Typer vendors click, so they
+    are recognised by class name rather than imported)."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    if "Abort" in names:
+        return "Abort"
+    if "ClickException" in names and hasattr(exc, "format_message"):
+        return "ClickException"
+    return None
+
+
 @dataclass(frozen=True)
 class Explained:
     message: str
@@ -71,8 +82,10 @@ def explain(exc: BaseException) -> Explained | None:
     """Map an exception to what the user sees; None means it is a bug (show the traceback)."""
     if isinstance(exc, LlamaspecError):
         return Explained(exc.message, exc.hint, exc.exit_code)
-    if isinstance(exc, KeyboardInterrupt):
+    if isinstance(exc, KeyboardInterrupt) or _click_kind(exc) == "Abort":
         return Explained("interrupted", None, EXIT_INTERRUPTED)
+    if _click_kind(exc) == "ClickException":  # bad flags / arguments, found by the CLI parser
+        return Explained(exc.format_message(), "add -h for usage", getattr(exc, "exit_code", EXIT_USAGE))
     if (type(exc).__module__ or "").startswith(("huggingface_hub", "httpx", "httpcore")):
         from llamaspec.hub.failures import translate  # only Hub/network errors pay for this import
 

@@ -151,3 +151,16 @@ def test_ngram_flags_reach_the_drafters(run_cli, tiny_models):
     r = run_cli("run", str(tiny_models["target"]), "-p", "hi", "--spec-ngram-mod-n-min", "9",
                 "--spec-ngram-mod-n-max", "4")
     assert r.exit_code == 2 and "n-min" in r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "--bogus"], "No such option: --bogus"),
+    (["run", "-n", "abc", "-p", "x"], "Invalid value for '-n'"),
+    (["inspect"], "Missing argument"),
+    (["no-such-command"], "No such command"),
+])
+def test_parser_errors_are_one_line_usage_errors(run_cli, args, needle):
+    r = run_cli(*args)
+    assert r.exit_code == 2
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "╭" not in r.stderr and "Traceback" not in r.stderr

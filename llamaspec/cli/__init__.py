@@ -23,12 +23,16 @@ def _debug_wanted(argv: list[str]) -> bool:
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        app(args=args, prog_name="llamaspec")
+        # Not standalone: the parser's usage errors come back as exceptions, so they get the same
+        # one-line treatment as every other error instead of a multi-line panel.
+        rv = app(args=args, prog_name="llamaspec", standalone_mode=False)
     except SystemExit:
         raise
     except BaseException as exc:  # noqa: BLE001 - the one place exceptions become exit codes
         explained = explain(exc)
         if explained is None or _debug_wanted(args):
             raise
-        output.current().error(explained)
+        if explained.message.strip():  # (no arguments at all: the help was printed instead)
+            output.current().error(explained)
         sys.exit(explained.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)
