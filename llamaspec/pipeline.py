@@ -53,12 +53,14 @@ class SpecOptions:
     draft_min: int = 0
     draft_p_min: float = 0.0
     adaptive: bool = True
-    n_ctx: int = 4096
+    n_ctx: int | None = None   # None: 4096, or the model's training context if smaller; 0: training context
     n_threads: int | None = None
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
     ngram: NgramParams = field(default_factory=NgramParams)
 
+
+DEFAULT_CTX = 4096
 
 # Draft length caps when the user gives none: n-gram drafts cost nothing to make, so long ones
 # pay when the text repeats (MEASURED.md: k=32 won on an easy rewrite); a draft model pays per token.
@@ -115,7 +117,10 @@ def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingPar
     if target is None:
         target = Model(target_path, n_gpu_layers=options.n_gpu_layers,
                        load_mtp="draft-mtp" in options.spec_types)
-    ctx = Context(target, ContextConfig(n_ctx=options.n_ctx, n_threads=options.n_threads))
+    n_ctx = options.n_ctx
+    if n_ctx is None:  # past the training context a model degrades; llama.cpp warns about it
+        n_ctx = min(DEFAULT_CTX, target.n_ctx_train) if target.n_ctx_train > 0 else DEFAULT_CTX
+    ctx = Context(target, ContextConfig(n_ctx=n_ctx, n_threads=options.n_threads))
     built = build_drafter(options, target, ctx, sampling or SamplingParams(temperature=0.0))
     engine = SpecEngine(target, ctx, built.drafter)
     return Pipeline(target, ctx, built.drafter, engine, options, built.draft_model)

@@ -65,7 +65,9 @@ def run(
     repeat_last_n: Annotated[int, typer.Option("--repeat-last-n")] = 64,
     seed: Annotated[Optional[int], typer.Option("-s", "--seed", help="Sampling seed (same seed, same output).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="Context size in tokens.")] = 4096,
+    ctx_size: Annotated[Optional[int], typer.Option(
+        "-c", "--ctx-size", help="Context size in tokens (default 4096, capped at the model's training "
+                                 "context; 0: the training context).")] = None,
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: all).")] = None,
     ngl: Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers on the GPU.")] = 0,
     ngld: Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers on the GPU.")] = 0,
@@ -117,6 +119,7 @@ def run(
         gen = pipe.engine.generate(prompt_tokens, pipe.config(max_tokens=n_predict, sampling=sampling,
                                                               stop=stop or []), on_text=on_text)
     finally:
+        n_ctx_used = pipe.ctx.n_ctx
         pipe.close()
     info = generation_dict(gen, spec_type=r.spec_label, draft_model=r.draft_ref, model=r.target_ref)
     if json:
@@ -126,7 +129,7 @@ def run(
         if not quiet:
             render_stats(info, out.stderr)
     if gen.stop_reason == "context":
-        out.warn(f"stopped: the context is full ({ctx_size} tokens); raise -c/--ctx-size for longer output")
+        out.warn(f"stopped: the context is full ({n_ctx_used} tokens); raise -c/--ctx-size for longer output")
     if gen.stop_reason == "interrupted":
         raise typer.Exit(130)
 
@@ -140,7 +143,7 @@ def _check_ranges(**v) -> None:
         raise UsageError("--top-p must be in (0, 1]")
     if not 0 <= v["min_p"] <= 1:
         raise UsageError("--min-p must be in [0, 1]")
-    if v["ctx_size"] < 0:
+    if v["ctx_size"] is not None and v["ctx_size"] < 0:
         raise UsageError("-c/--ctx-size must be >= 0", "0 uses the model's training context")
     if v["draft_max"] is not None and v["draft_max"] < 0:
         raise UsageError("--draft-max must be >= 0")
