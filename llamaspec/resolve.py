@@ -58,8 +58,9 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
         else:
             from llamaspec.autodraft import check_explicit_draft
 
-            check_explicit_draft(str(target_path), str(hub.resolve_model(draft, offline=offline)),
-                                 force_draft, offline=offline)
+            # Headers first (ranged reads for Hub refs): an incompatible draft is refused before
+            # anything is downloaded.
+            check_explicit_draft(str(target_path), draft, force_draft, offline=offline)
             r.draft_ref = draft
             r.draft_path = hub.resolve_model(draft, offline=offline)
             if "draft-simple" not in r.spec_types:
