@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -53,6 +54,20 @@ def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, 
     if params.mod_n_min > params.mod_n_max:
         raise UsageError("--spec-ngram-mod-n-min must not exceed --spec-ngram-mod-n-max")
     return params
+
+
+def read_prompt_file(path: Path) -> str:
+    """The text of a -f prompt file, with one-line errors for the ways it can be wrong."""
+    from llamaspec.errors import InputError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"prompt file not found: {path}", "check the path given to -f") from None
+    except IsADirectoryError:
+        raise InputError(f"prompt file is a directory: {path}", "give -f a text file") from None
+    except UnicodeDecodeError:
+        raise InputError(f"prompt file is not UTF-8 text: {path}", "give a text file") from None
 
 
 def setup_output(json: bool = False, quiet: bool = False, verbose: bool = False) -> output.Output:

@@ -13,9 +13,9 @@ import typer
 
 from llamaspec.cli.app import (
     JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
-    ngram_params, setup_output,
+    ngram_params, read_prompt_file, setup_output,
 )
-from llamaspec.errors import InputError, UsageError
+from llamaspec.errors import UsageError
 
 if TYPE_CHECKING:
     from llamaspec.bench import BenchResult, ModeSummary
@@ -175,12 +175,7 @@ def _prompt(prompt: str | None, file: Path | None, preset: str | None) -> tuple[
     if prompt is not None:
         return prompt, "prompt"
     if file is not None:
-        try:
-            return file.read_text(encoding="utf-8"), f"file {file}"
-        except (FileNotFoundError, IsADirectoryError):
-            raise InputError(f"prompt file not found: {file}", "check the path given to -f") from None
-        except UnicodeDecodeError:
-            raise InputError(f"prompt file is not UTF-8 text: {file}", "give a text file") from None
+        return read_prompt_file(file), f"file {file}"
     if preset is not None:
         if preset not in _PRESETS:
             raise UsageError(f"unknown --prompt-preset {preset!r}", f"one of: {', '.join(_PRESETS)}")

@@ -10,9 +10,9 @@ import typer
 
 from llamaspec.cli.app import (
     JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
-    ngram_params, setup_output,
+    ngram_params, read_prompt_file, setup_output,
 )
-from llamaspec.errors import InputError, UsageError
+from llamaspec.errors import UsageError
 
 _SPEC_HELP = ("Speculative types, comma list: none, draft, ngram-simple, ngram-mod, mtp "
               "(llama.cpp's names draft-simple, draft-mtp also work). Default: draft when --draft is "
@@ -26,12 +26,7 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
     if prompt is not None:
         return prompt
     if file is not None:
-        try:
-            return file.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise InputError(f"prompt file not found: {file}", "check the path given to -f") from None
-        except UnicodeDecodeError:
-            raise InputError(f"prompt file is not UTF-8 text: {file}", "give a text file") from None
+        return read_prompt_file(file)
     if not sys.stdin.isatty():
         return sys.stdin.read()
     raise UsageError("no prompt", "give one with -p TEXT, -f FILE, or on stdin")
