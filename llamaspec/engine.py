@@ -103,134 +103,128 @@ class SpecEngine:
         self.target = target
         self.ctx = ctx
         self.drafter = drafter
-        self.last_controller: DraftLengthController | None = None
+        self.eog = _EogSet(target)
+        # The adaptive controllers of the last generation, one per drafter (by name).
+        self.last_controllers: dict[str, DraftLengthController] = {}
 
     def generate(self, prompt_tokens: Sequence[int], config: GenerationConfig,
                  on_text: TextCallback | None = None, seq_id: int = 0,
                  should_stop: Callable[[], bool] | None = None) -> Generation:
         target, ctx, drafter = self.target, self.ctx, self.drafter
         params = config.sampling
-        greedy = params.greedy
-        rng = params.rng()
+        verify_rng, draft_rng = random_streams(params.seed)
         stats = SpecStats(prompt_tokens=len(prompt_tokens))
         if not prompt_tokens:
             prompt_tokens = [target.bos] if target.bos >= 0 else []
         prompt = list(prompt_tokens)
-        # One controller per sequence: k follows this sequence's measured acceptance and costs.
-        ctl = None
-        if drafter is not None and config.adaptive and config.draft_max > 0:
-            ctl = DraftLengthController(n_min=max(1, config.draft_min), n_max=config.draft_max)
-        self.last_controller = ctl
+        ctls = self._controllers(config)
+        self.last_controllers = ctls
 
         # Prompt: evaluate all of it, sample the first token the plain way.
         t0 = time.perf_counter()
         ctx.seq_rm(seq_id, 0, -1)
         n_out = ctx.decode(prompt, 0, seq_id, outputs="last")
-        first = self._sample_plain(ctx.logits(n_out)[0], prompt, params, rng)
+        first = self._sample_plain(ctx.logits(n_out)[0], prompt, params, verify_rng)
         if drafter is not None:
-            drafter.begin(seq_id, prompt)
+            drafter.begin(seq_id, prompt, draft_rng)
         t1 = time.perf_counter()
         stats.prompt_seconds = t1 - t0
 
         decode_clock0 = DecodeClock.seconds
         history = prompt
         n_past = len(prompt)              # tokens in the target KV; history[-1] is not among them
-        generated: list[int] = []
-        stream = Utf8Stream()
-        stops = StopStrings(config.stop)
-        text_parts: list[str] = []
-        stop_reason = "length"
+        out = _Output(target, config, on_text)
         draft_s = verify_s = 0.0
-
-        def emit(tokens: list[int], n_acc: int, source: str) -> bool:
-            """Append tokens (the first n_acc from the draft) to the output; True to stop."""
-            nonlocal stop_reason
-            for j, tok in enumerate(tokens):
-                if target.is_eog(tok):
-                    stop_reason = "eos"
-                    return True
-                generated.append(tok)
-                piece, hit = stops.push(stream.push(target.piece(tok)))
-                if piece:
-                    text_parts.append(piece)
-                    if on_text is not None:
-                        on_text(piece, j < n_acc, source)
-                if hit:
-                    stop_reason = "stop"
-                    return True
-                if len(generated) >= config.max_tokens:
-                    stop_reason = "length"
-                    return True
-            return False
-
-        pending = [first]                 # sampled, to be appended to history and emitted
-        done = config.max_tokens <= 0 or emit(pending, 0, "")
+        done = config.max_tokens <= 0 or out.emit([first], 0, "")
         history.append(first)
         if drafter is not None:
-            drafter.accepted(seq_id, 0, pending, is_other=True)
+            drafter.accepted(seq_id, 0, [first], is_other=True)
         try:
             while not done:
                 if should_stop is not None and should_stop():
-                    stop_reason = "interrupted"
+                    out.stop_reason = "interrupted"
                     break
                 room = ctx.n_ctx - n_past - 1
                 if room < 0:
-                    stop_reason = "context"
+                    out.stop_reason = "context"
                     break
-                k = min(config.draft_max, config.max_tokens - len(generated) - 1, room)
-                if ctl is not None:
-                    k = min(k, ctl.choose())
+                # A verify batch is [last] + draft and must fit one n_batch chunk: only the last
+                # chunk of a split batch has output rows.
+                k = min(config.draft_max, config.max_tokens - len(out.tokens) - 1, room, ctx.n_batch - 1)
                 ta = time.perf_counter()
-                draft = drafter.propose(seq_id, history, k) if (drafter is not None and k > 0) else _NO_DRAFT
-                if len(draft) > k:
-                    draft = draft.truncated(k)
-                if 0 < len(draft) < config.draft_min:
-                    draft = _NO_DRAFT
-                if draft and max(draft.tokens) >= target.n_vocab:
-                    draft = _valid_prefix(draft, target.n_vocab)  # a forced foreign-vocab draft
+                draft = self._propose(seq_id, history, k, ctls, config.draft_min)
                 tb = time.perf_counter()
-                d = draft.tokens
-                last = history[-1]
-                state = ctx.save_seq(seq_id) if (d and target.needs_checkpoints) else None
-                n_out = ctx.decode([last] + d, n_past, seq_id, outputs="all")
-                rows = ctx.logits(n_out)
-                n_acc, nxt = self._verify(d, draft, rows, history, params, rng, greedy)
-                # Drop the rejected draft positions from the KV cache.
-                if n_acc < len(d):
-                    if state is None:
-                        ctx.seq_rm(seq_id, n_past + 1 + n_acc, -1)
-                    else:  # recurrent state: restore and replay the accepted part
-                        ctx.load_seq(state, seq_id)
-                        ctx.decode([last] + d[:n_acc], n_past, seq_id, outputs=0)
+                n_acc, nxt = self._verify_step(seq_id, history, n_past, draft, params, verify_rng)
                 tc = time.perf_counter()
                 draft_s += tb - ta
                 verify_s += tc - tb
+                d = draft.tokens
                 new = d[:n_acc] + [nxt]
                 n_past += 1 + n_acc
                 history.extend(new)
-                before = len(generated)
-                done = emit(new, n_acc, draft.source)
-                stats.record_step(len(d), n_acc, len(generated) - before, draft.source)
-                if ctl is not None:
-                    ctl.observe(len(d), n_acc, verify_seconds=tc - tb, draft_seconds=tb - ta)
+                before = len(out.tokens)
+                done = out.emit(new, n_acc, draft.source)
+                stats.record_step(len(d), n_acc, len(out.tokens) - before, draft.source)
+                _observe(ctls, draft, n_acc, verify_seconds=tc - tb, draft_seconds=tb - ta)
                 if drafter is not None:
                     drafter.accepted(seq_id, n_acc, new, is_other=not d)
         except KeyboardInterrupt:
-            stop_reason = "interrupted"
+            out.stop_reason = "interrupted"
         finally:
             if drafter is not None:
                 drafter.end(seq_id)
-        tail = stops.push(stream.flush())[0] + stops.flush() if stop_reason != "stop" else ""
-        if tail:
-            text_parts.append(tail)
-            if on_text is not None:
-                on_text(tail, False, "")
+        out.finish()
         stats.gen_seconds = time.perf_counter() - t1
         stats.draft_seconds = draft_s
         stats.verify_seconds = verify_s
         # Overhead: generation wall time not spent inside llama_decode (target or draft).
         stats.overhead_seconds = max(0.0, stats.gen_seconds - (DecodeClock.seconds - decode_clock0))
-        return Generation(generated, "".join(text_parts), len(prompt_tokens), stop_reason, stats)
+        return Generation(out.tokens, "".join(out.parts), len(prompt_tokens), out.stop_reason, stats)
+
+    # -- one step ------------------------------------------------------------------------------
+    def _controllers(self, config: GenerationConfig) -> dict[str, DraftLengthController]:
+        """One adaptive controller per drafter (chain members each get their own), for this
+        sequence: a paused draft model must not stop a free n-gram drafter from being tried."""
+        if self.drafter is None or not config.adaptive or config.draft_max <= 0:
+            return {}
+        return {d.name: DraftLengthController(n_min=max(1, config.draft_min), n_max=config.draft_max)
+                for d in self.drafter.members()}
+
+    def _propose(self, seq_id: int, history: list[int], k: int,
+                 ctls: dict[str, DraftLengthController], draft_min: int) -> Draft:
+        """The drafter's proposal for this step, cut to k tokens (an empty Draft: a plain step)."""
+        if self.drafter is None or k <= 0:
+            return _NO_DRAFT
+        if ctls:
+            draft = self.drafter.propose_within(seq_id, history, lambda d: min(k, ctls[d.name].choose()))
+        else:
+            draft = self.drafter.propose_within(seq_id, history, lambda d: k)
+        if len(draft) > k:
+            draft = draft.truncated(k)
+        # llama.cpp drops drafts shorter than --draft-min. Not a sampled draft verified by rejection
+        # sampling: its length depends on its tokens, so dropping the short ones would keep drafts
+        # by their tokens and bias the output. Such a draft is verified whatever its length.
+        if 0 < len(draft) < draft_min and draft.probs is None:
+            return _NO_DRAFT
+        if draft and max(draft.tokens) >= self.target.n_vocab:
+            draft = _valid_prefix(draft, self.target.n_vocab)  # a forced foreign-vocab draft
+        return draft
+
+    def _verify_step(self, seq_id: int, history: list[int], n_past: int, draft: Draft,
+                     params: SamplingParams, rng: np.random.Generator) -> tuple[int, int]:
+        """Evaluate [last] + draft in one target batch, verify, drop the rejected positions from the
+        target's memory. Returns (n accepted, the target's next token)."""
+        ctx, d, last = self.ctx, draft.tokens, history[-1]
+        state = ctx.save_seq(seq_id) if (d and self.target.needs_checkpoints) else None
+        n_out = ctx.decode([last] + d, n_past, seq_id, outputs="all")
+        n_acc, nxt = self._verify(d, draft, ctx.logits(n_out), history, params, rng)
+        if n_acc < len(d):
+            if state is None:
+                ctx.seq_rm(seq_id, n_past + 1 + n_acc, -1)
+            else:  # recurrent state cannot be cut: restore the checkpoint, replay the accepted part
+                ctx.load_seq(state, seq_id)
+                ctx.decode([last] + d[:n_acc], n_past, seq_id, outputs=0)
+        return n_acc, nxt
 
     # -- sampling / verification ---------------------------------------------------------------
     @staticmethod
@@ -240,18 +234,110 @@ class SpecEngine:
             return int(row.argmax())
         return sample_token(row, params, _recent(history, params), rng)
 
-    @staticmethod
-    def _verify(d: list[int], draft: Draft, rows: np.ndarray, history: Sequence[int],
-                params: SamplingParams, rng: np.random.Generator, greedy: bool) -> tuple[int, int]:
-        if greedy and not params.penalties_on:
+    def _verify(self, d: list[int], draft: Draft, rows: np.ndarray, history: Sequence[int],
+                params: SamplingParams, rng: np.random.Generator) -> tuple[int, int]:
+        eog = self.eog
+        if params.greedy and not params.penalties_on:
             if not d:
                 return 0, int(rows[0].argmax())
-            return verify_greedy(d, rows)
-        if not greedy and draft.probs is not None and d:
+            return verify_greedy(d, rows, eog)
+        if not params.greedy and draft.probs is not None and d:
             recent = list(_recent(history, params))
             p_rows = [target_distribution(rows[i], params, recent + d[:i]) for i in range(len(d) + 1)]
-            return verify_rejection(d, draft.probs, p_rows, rng)
-        return verify_sample_and_match(d, rows, step_sampler(params, history, d, rng))
+            return verify_rejection(d, draft.probs, p_rows, rng, eog)
+        return verify_sample_and_match(d, rows, step_sampler(params, history, d, rng), eog)
+
+
+class _Output:
+    """The generated tokens and text of one sequence: streaming, stop strings, stop reason."""
+
+    def __init__(self, target: Model, config: GenerationConfig, on_text: TextCallback | None):
+        self.target = target
+        self.max_tokens = config.max_tokens
+        self.on_text = on_text
+        self.tokens: list[int] = []
+        self.parts: list[str] = []
+        self.stop_reason = "length"  # "eos" | "length" | "stop" | "context" | "interrupted"
+        self._stream = Utf8Stream()
+        self._stops = StopStrings(config.stop)
+
+    def emit(self, tokens: list[int], n_acc: int, source: str) -> bool:
+        """Append tokens (the first n_acc from the draft) to the output; True to stop."""
+        for j, tok in enumerate(tokens):
+            if self.target.is_eog(tok):
+                self.stop_reason = "eos"
+                return True
+            self.tokens.append(tok)
+            piece, hit = self._stops.push(self._stream.push(self.target.piece(tok)))
+            if piece:
+                self.parts.append(piece)
+                if self.on_text is not None:
+                    self.on_text(piece, j < n_acc, source)
+            if hit:
+                self.stop_reason = "stop"
+                return True
+            if len(self.tokens) >= self.max_tokens:
+                self.stop_reason = "length"
+                return True
+        return False
+
+    def finish(self) -> None:
+        """Flush text held back (incomplete UTF-8, a possible stop-string start)."""
+        if self.stop_reason == "stop":
+            return
+        tail = self._stops.push(self._stream.flush())[0] + self._stops.flush()
+        if tail:
+            self.parts.append(tail)
+            if self.on_text is not None:
+                self.on_text(tail, False, "")
+
+
+class _EogSet:
+    """The target's end-of-generation ids as a collection for the verifiers (`tok in eog`): an
+    accepted EOG draft token ends the step, so tokens after it are never counted as accepted."""
+
+    def __init__(self, target: Model):
+        self.target = target
+
+    def __contains__(self, tok: object) -> bool:
+        return isinstance(tok, (int, np.integer)) and self.target.is_eog(int(tok))
+
+
+def random_streams(seed: int | None) -> tuple[np.random.Generator, np.random.Generator]:
+    """(verifier, drafter) random streams for one generation, independent of each other.
+
+    Both come from one seed (fresh entropy when None) through numpy's SeedSequence.spawn: two
+    generators seeded alike would draw the same numbers, and the number that picks draft token
+    i + 1 would be the one that tests token i. New streams per generation also make one seed give
+    one output on a pipeline that serves many prompts.
+
+        >>> a, b = random_streams(7)
+        >>> a.random() != b.random()
+        True
+        >>> random_streams(7)[0].random() == random_streams(7)[0].random()
+        True
+    """
+    verify_ss, draft_ss = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(verify_ss), np.random.default_rng(draft_ss)
+
+
+def _observe(ctls: dict[str, DraftLengthController], draft: Draft, n_acc: int, *,
+             verify_seconds: float, draft_seconds: float) -> None:
+    """Feed a step to the controllers: the author of the draft learns its acceptance, the others
+    only the target's step cost; after a plain step every controller sees it as one."""
+    if not ctls:
+        return
+    n = len(draft)
+    author = ctls.get(draft.source) if n else None
+    if n and author is None and len(ctls) == 1:
+        author = next(iter(ctls.values()))
+    for ctl in ctls.values():
+        if not n:
+            ctl.observe(0, 0, verify_seconds=verify_seconds, draft_seconds=draft_seconds)
+        elif ctl is author:
+            ctl.observe(n, n_acc, verify_seconds=verify_seconds, draft_seconds=draft_seconds)
+        else:
+            ctl.cost.observe_verify(n + 1, verify_seconds)
 
 
 _NO_DRAFT = Draft([])

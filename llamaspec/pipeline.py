@@ -62,6 +62,10 @@ class SpecOptions:
 
 DEFAULT_CTX = 4096
 
+# A verify batch is the last token + the draft, and must fit one llama.cpp batch (n_batch): only
+# the last chunk of a longer batch has output rows.
+MAX_DRAFT = ContextConfig.n_batch - 1
+
 # Draft length caps when the user gives none: n-gram drafts cost nothing to make, so long ones
 # pay when the text repeats (MEASURED.md: k=32 won on an easy rewrite); a draft model pays per token.
 DEFAULT_DRAFT_MAX = {"ngram": 32, "model": 8}

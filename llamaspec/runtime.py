@@ -262,10 +262,16 @@ class Context:
         """Evaluate `tokens` at positions start_pos.. of `seq_id`.
 
         outputs: "last" (logits of the final token), "all", or an int n (the last n tokens).
-        Longer inputs are split into n_batch chunks; only the final chunk produces outputs.
+        Longer inputs are split into n_batch chunks; only the final chunk produces outputs, so
+        asking for more rows than it holds is an error (a verify batch must fit one chunk).
         Returns the number of output rows available from `logits()`.
         """
         n = len(tokens)
+        n_last = n - (n - 1) // self.n_batch * self.n_batch if n else 0  # size of the final chunk
+        want = n if outputs == "all" else 1 if outputs == "last" else int(outputs)
+        if n and want > n_last:  # rows of earlier chunks are gone once the next chunk is decoded
+            raise ValueError(f"{want} output rows requested from a batch of {n} tokens; only the "
+                             f"last n_batch chunk ({n_last} tokens) has outputs")
         if start_pos + n > self.n_ctx:
             raise ContextFullError(
                 f"context full: {start_pos + n} tokens needed, context size is {self.n_ctx}",
@@ -281,12 +287,6 @@ class Context:
             self._set_seq(m, seq_id)
             self._out[:m] = 0
             if last_chunk:
-                if outputs == "all":
-                    want = m
-                elif outputs == "last":
-                    want = 1
-                else:
-                    want = min(int(outputs), m)
                 self._out[m - want:m] = 1
                 n_out = want
             self._batch.n_tokens = m

@@ -40,6 +40,8 @@ __all__ = [
     "verify_greedy",
     "verify_sample_and_match",
     "verify_rejection",
+    "fit_to_vocab",
+    "sample_dense",
 ]
 
 
@@ -204,6 +206,29 @@ def target_distribution(logits_row: np.ndarray, params: SamplingParams,
     return out
 
 
+def fit_to_vocab(row: np.ndarray, n_vocab: int, fill: float) -> np.ndarray:
+    """`row` cut or padded (with `fill`) to `n_vocab` entries.
+
+    llama.cpp lets a draft's vocabulary differ from the target's by up to 128 tokens; ids past the
+    shorter one exist in one model only. Cutting a draft distribution to the target's vocabulary
+    loses only mass on tokens the target can never emit (its p is 0 there), so the residual
+    max(p - q, 0) is unchanged; padding adds ids the draft never proposes (q = 0)::
+
+        >>> fit_to_vocab(np.array([.5, .3, .2]), 2, 0.0).tolist()
+        [0.5, 0.3]
+        >>> fit_to_vocab(np.array([1., 2.]), 4, -np.inf).tolist()
+        [1.0, 2.0, -inf, -inf]
+    """
+    n = row.shape[0]
+    if n == n_vocab:
+        return row
+    if n > n_vocab:
+        return row[:n_vocab]
+    out = np.full(n_vocab, fill, dtype=row.dtype)
+    out[:n] = row
+    return out
+
+
 def _pick(ids: np.ndarray | None, probs: np.ndarray, u: float) -> int:
     """Inverse-CDF draw: the first index whose running mass exceeds u * total (zero-mass entries
     are never picked)."""
@@ -213,7 +238,8 @@ def _pick(ids: np.ndarray | None, probs: np.ndarray, u: float) -> int:
     return int(ids[i]) if ids is not None else i
 
 
-def _sample_dense(p: np.ndarray, rng: np.random.Generator) -> int:
+def sample_dense(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from a dense distribution (zero-mass ids are never drawn)."""
     nz = np.flatnonzero(p > 0)
     if nz.shape[0] == 0:
         raise ValueError("cannot sample from an all-zero distribution")
@@ -311,7 +337,9 @@ def verify_rejection(draft_tokens: Sequence[int], draft_probs, target_probs_rows
 
     draft_probs: per draft position, the distribution q the draft token was drawn from (dense
     vector over the vocabulary), or None (for the whole draft or one position) for a
-    deterministic proposal (one-hot q: n-gram drafts, a greedy draft model).
+    deterministic proposal (one-hot q: n-gram drafts, a greedy draft model). A q whose length
+    differs from p's (a draft vocabulary up to 128 tokens smaller or larger, as llama.cpp allows)
+    is cut or zero-padded to p's length (`fit_to_vocab`).
     target_probs_rows: k + 1 dense target distributions p (see `target_distribution`).
     Position i, token x: accept with probability min(1, p(x) / q(x)) (u * q(x) < p(x), u ~ U[0,1)).
     On rejection the next token is drawn from normalize(max(0, p - q)); when all k are accepted
@@ -331,20 +359,23 @@ def verify_rejection(draft_tokens: Sequence[int], draft_probs, target_probs_rows
     k = len(draft_tokens)
     for i in range(k):
         x = int(draft_tokens[i])
-        p = target_probs_rows[i]
+        p = np.asarray(target_probs_rows[i], dtype=np.float64)
         q = draft_probs[i] if draft_probs is not None else None
-        px = float(p[x])
-        qx = float(q[x]) if q is not None else 1.0
+        if q is not None:
+            q = fit_to_vocab(np.asarray(q, dtype=np.float64), p.shape[0], 0.0)
+        px = float(p[x]) if x < p.shape[0] else 0.0   # a token the target lacks has p = 0
+        qx = float(q[x]) if q is not None and x < q.shape[0] else 1.0
         if rng.random() * qx < px:
             if x in eog:
                 return i, x
             continue
         if q is None:
-            residual = np.array(p, dtype=np.float64, copy=True)
-            residual[x] = 0.0
+            residual = p.copy()
+            if x < residual.shape[0]:
+                residual[x] = 0.0
         else:
-            residual = np.maximum(np.asarray(p, dtype=np.float64) - np.asarray(q, dtype=np.float64), 0.0)
+            residual = np.maximum(p - q, 0.0)
         if not residual.sum() > 0.0:
             residual = np.asarray(p, dtype=np.float64)
-        return i, _sample_dense(residual, rng)
-    return k, _sample_dense(np.asarray(target_probs_rows[k], dtype=np.float64), rng)
+        return i, sample_dense(residual, rng)
+    return k, sample_dense(np.asarray(target_probs_rows[k], dtype=np.float64), rng)

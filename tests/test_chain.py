@@ -19,7 +19,7 @@ class Fake(Drafter):
         self.probs = probs
         self.log = []
 
-    def begin(self, seq_id, prompt_tokens):
+    def begin(self, seq_id, prompt_tokens, rng=None):
         self.log.append(("begin", seq_id, list(prompt_tokens)))
 
     def propose(self, seq_id, history, n_max):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
+from llamaspec.drafters.base import Draft, Drafter
 from llamaspec.engine import GenerationConfig, SpecEngine, StopStrings
 from llamaspec.runtime import Context, ContextConfig, Model
 from llamaspec.verify import SamplingParams
@@ -123,7 +124,6 @@ def test_sampling_matches_target_distribution(tiny_target, tiny_models, rule):
     counts: dict[tuple, int] = {}
     runs, drafted = 1200, 0
     for seed in range(runs):
-        drafter.rng = np.random.default_rng(10_000 + seed)
         sp = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=seed)
         g = engine.generate(prompt, GenerationConfig(max_tokens=n_tok, sampling=sp, draft_max=4, adaptive=False))
         drafted += g.stats.drafted
@@ -147,6 +147,89 @@ def test_sampling_matches_target_distribution(tiny_target, tiny_models, rule):
         df += 1
     p_value = _chi2_sf(chi2, df)
     assert p_value > 1e-3, f"{rule}: chi2={chi2:.1f} df={df} p={p_value:.2e}"
+
+
+def _chi2_p_value(exact: dict[tuple, float], counts: dict[tuple, int], runs: int) -> tuple[float, float, int]:
+    """(p-value, chi2, df) of observed sequence counts against exact probabilities, cells with an
+    expectation below 5 pooled."""
+    chi2, df, pooled_e, pooled_o = 0.0, -1, 0.0, 0
+    for key, p in exact.items():
+        e, o = p * runs, counts.get(key, 0)
+        if e < 5:
+            pooled_e, pooled_o = pooled_e + e, pooled_o + o
+            continue
+        chi2 += (o - e) ** 2 / e
+        df += 1
+    if pooled_e > 0:
+        chi2 += (pooled_o - pooled_e) ** 2 / pooled_e
+        df += 1
+    return _chi2_sf(chi2, df), chi2, df
+
+
+# name -> (target, draft p-min): the production pipeline as `run` builds it (`load_pipeline` with
+# run's defaults: adaptive draft length, default draft-max, a seed per run, a fresh pipeline per run).
+PRODUCTION_CASES = {
+    # seeded: drafter and verifier streams from one --seed must be independent
+    "seeded": ("target", 0.0),
+    # --draft-p-min at T > 0: stop decided from the distribution, not from the drawn token
+    "p-min": ("target", 0.5),
+    # a draft vocabulary 128 tokens smaller than the target's (allowed by llama.cpp's rules)
+    "smaller-draft-vocab": ("target_wide", 0.5),
+}
+
+
+@pytest.mark.parametrize("case", list(PRODUCTION_CASES))
+def test_seeded_production_pipeline_matches_target_distribution(tiny_models, case):
+    """`run --temp 1 --seed S --draft D [--draft-p-min P]` for S = 0..N-1: the sequences have the
+    target's exact distribution (chi-square against the enumerated joint of 4 tokens)."""
+    from llamaspec.cli.run import _prompt_tokens
+    from llamaspec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+
+    target_name, p_min = PRODUCTION_CASES[case]
+    target = Model(tiny_models[target_name])
+    try:
+        prompt = _prompt_tokens(target, PROMPTS["story"], None, None)
+        params = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
+        n_tok, runs = 4, 1000
+        exact = _exact_joint(target, prompt, params, n_tok)
+        counts: dict[tuple, int] = {}
+        drafted = short = 0
+        for seed in range(runs):
+            sp = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=seed)
+            opts = SpecOptions(spec_types=parse_spec_types("draft"), draft_path=tiny_models["draft"],
+                               draft_p_min=p_min, n_threads=1)
+            pipe = load_pipeline(target.path, opts, sp, target=target)
+            try:
+                g = pipe.engine.generate(prompt, pipe.config(max_tokens=n_tok, sampling=sp))
+            finally:
+                pipe.close(keep_target=True)
+            drafted += g.stats.drafted
+            short += g.stats.drafted == 0  # without p-min the first step always drafts (k = 2)
+            counts[tuple(g.tokens)] = counts.get(tuple(g.tokens), 0) + 1
+    finally:
+        target.close()
+    assert drafted > runs // 4, "the drafter must actually draft for this test to mean anything"
+    if p_min > 0:
+        assert short > runs // 20, "p-min must cut drafts for this test to mean anything"
+    assert set(counts) <= set(exact), "sampled a sequence the target cannot produce"
+    p_value, chi2, df = _chi2_p_value(exact, counts, runs)
+    assert p_value > 1e-3, f"{case}: chi2={chi2:.1f} df={df} p={p_value:.2e}"
+
+
+def test_one_seed_one_output_on_a_reused_pipeline(tiny_models):
+    """A pipeline serving several prompts (batch, the Python API) gives one output per seed."""
+    from llamaspec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+
+    sp = SamplingParams(temperature=0.9, seed=42)
+    opts = SpecOptions(spec_types=parse_spec_types("draft"), draft_path=tiny_models["draft"], n_threads=1)
+    pipe = load_pipeline(tiny_models["target"], opts, sp)
+    try:
+        prompt = prompt_tokens(pipe.target, PROMPTS["story"])
+        runs = [pipe.engine.generate(prompt, pipe.config(max_tokens=32, sampling=sp)) for _ in range(3)]
+    finally:
+        pipe.close()
+    assert runs[0].stats.drafted > 0
+    assert runs[0].tokens == runs[1].tokens == runs[2].tokens
 
 
 def test_same_seed_same_output(tiny_target, tiny_models):
@@ -218,3 +301,139 @@ def test_real_pairs_greedy_lossless(pair, request):
     print("\n".join(notes))
     flips = [n for n in notes if "flip" in n]
     assert len(flips) <= len(notes) // 4, notes
+
+
+# ---- verify batches longer than llama.cpp's n_batch ---------------------------------------------------
+class _Oracle(Drafter):
+    """Proposes the target's own greedy continuation (from a plain run), `wrong_at` tokens in
+    (when given) one wrong token: long drafts at no cost, accepted up to where it says."""
+
+    name = "oracle"
+
+    def __init__(self, prompt_len: int, reference: list[int], n_vocab: int, wrong_at: int | None,
+                 start: int = 0):
+        self.prompt_len, self.reference = prompt_len, reference
+        self.n_vocab, self.wrong_at, self.start = n_vocab, wrong_at, start
+        self.longest = 0
+        self.drafted_at: list[int] = []  # tokens generated when each non-empty draft was made
+
+    def propose(self, seq_id, history, n_max):
+        done = len(history) - self.prompt_len
+        if done < self.start:
+            return Draft([], None, self.name)
+        tokens = list(self.reference[done:done + n_max])
+        self.drafted_at.append(done)
+        if self.wrong_at is not None and len(tokens) > self.wrong_at:
+            tokens[self.wrong_at] = (tokens[self.wrong_at] + 1) % self.n_vocab
+        self.longest = max(self.longest, len(tokens))
+        return Draft(tokens, None, self.name)
+
+
+@pytest.mark.parametrize("wrong_at", [None, 450])
+def test_verify_batch_longer_than_n_batch(tiny_target, wrong_at):
+    """--draft-max 600 --fixed-draft used to verify 601 tokens in two llama.cpp chunks and read
+    the rows as if they all came from the last one (wrong tokens or an IndexError)."""
+    prompt = prompt_tokens(tiny_target, PROMPTS["story"])
+    n = 700
+    ctx = Context(tiny_target, ContextConfig(n_ctx=2048, n_threads=1))
+    try:
+        plain = SpecEngine(tiny_target, ctx).generate(prompt, GenerationConfig(max_tokens=n))
+        oracle = _Oracle(len(prompt), plain.tokens, tiny_target.n_vocab, wrong_at)
+        got = SpecEngine(tiny_target, ctx, oracle).generate(
+            prompt, GenerationConfig(max_tokens=n, draft_max=600, adaptive=False))
+    finally:
+        ctx.close()
+    assert got.tokens == plain.tokens and len(got.tokens) == n
+    assert oracle.longest == ctx.n_batch - 1 == 511  # capped: [last] + draft fills one batch
+    s = got.stats
+    if wrong_at is None:
+        assert s.accepted == s.drafted
+    else:
+        # the only drafts that reach position wrong_at are wrong there, and right up to it
+        assert s.accepted < s.drafted and s.accepted_per_position[wrong_at] == 0
+        assert s.accepted_per_position[wrong_at - 1] == s.drafted_per_position[wrong_at]
+
+
+def test_decode_refuses_rows_from_an_earlier_chunk(tiny_target):
+    ctx = Context(tiny_target, ContextConfig(n_ctx=2048, n_threads=1, n_batch=64))
+    try:
+        with pytest.raises(ValueError, match="only the last n_batch chunk"):
+            ctx.decode(list(range(10, 110)), 0, 0, outputs="all")
+        ctx.seq_rm(0, 0, -1)
+        assert ctx.decode(list(range(10, 110)), 0, 0, outputs=36) == 36  # 100 = 64 + 36: fits
+    finally:
+        ctx.close()
+
+
+@pytest.mark.parametrize("flag", ["--draft-max", "--spec-ngram-mod-n-max", "--spec-ngram-simple-size-m"])
+def test_draft_lengths_past_one_batch_are_usage_errors(run_cli, tiny_models, flag):
+    r = run_cli("run", tiny_models["target"], "-p", "hi", "--spec-type", "ngram-mod", flag, "600")
+    assert r.exit_code == 2
+    assert f"{flag} must be at most 511" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- end of generation inside a draft ----------------------------------------------------------------
+def test_tokens_after_an_accepted_eog_are_not_counted(tiny_target, monkeypatch):
+    """A draft that runs through an end-of-generation token: the step ends at it, and the draft
+    tokens after it (right as they may be) are not counted as accepted in stats or controller."""
+    prompt = prompt_tokens(tiny_target, PROMPTS["story"])
+    ctx = Context(tiny_target, ContextConfig(n_ctx=1024, n_threads=1))
+    try:
+        full = SpecEngine(tiny_target, ctx).generate(prompt, GenerationConfig(max_tokens=80)).tokens
+        # Make a token the target writes at position i (its first occurrence) an EOG token.
+        i = next(j for j in range(20, 80) if full[j] not in full[:j])
+        eog_tok = full[i]
+        monkeypatch.setattr(tiny_target, "is_eog", lambda t: t == eog_tok)
+        engine = SpecEngine(tiny_target, ctx, _Oracle(len(prompt), full, tiny_target.n_vocab, None))
+        got = engine.generate(prompt, GenerationConfig(max_tokens=80, draft_max=16, adaptive=False))
+    finally:
+        ctx.close()
+    assert got.tokens == full[:i] and got.stop_reason == "eos"
+    s = got.stats
+    # the first token comes from the prompt step; each step adds n_accepted + 1, the last one the EOG
+    assert s.accepted + s.steps == len(got.tokens)
+
+
+
+class _Wrong(Drafter):
+    """Always drafts n_max tokens, the first of them wrong: a draft model on text it cannot guess."""
+
+    name = "wrong"
+
+    def __init__(self, prompt_len: int, reference: list[int], n_vocab: int):
+        self.prompt_len, self.reference, self.n_vocab = prompt_len, reference, n_vocab
+
+    def propose(self, seq_id, history, n_max):
+        done = len(history) - self.prompt_len
+        return Draft([(self.reference[done] + 1) % self.n_vocab] * n_max, None, self.name)
+
+
+def test_a_paused_drafter_does_not_stop_a_free_one_in_a_chain(tiny_target, monkeypatch):
+    """Chain [n-gram-like, draft-model-like]: the second fails until its controller pauses it;
+    when the first finds matches (token 120 on), they are tried at once, not after the pause."""
+    from llamaspec import engine as engine_mod
+    from llamaspec.controller import CostModel, DraftLengthController
+    from llamaspec.drafters.chain import ChainDrafter
+
+    # Fixed costs (a verify batch of k + 1 costs 1 + 0.05 k decodes, drafting is free): a tiny
+    # model's sub-millisecond step times are too noisy to make the decisions repeatable.
+    def controller(**kw):
+        return DraftLengthController(cost=CostModel(verify_ratio_fn=lambda k: 1 + 0.05 * k,
+                                                    draft_ratio_value=0.0), **kw)
+
+    monkeypatch.setattr(engine_mod, "DraftLengthController", controller)
+
+    prompt = prompt_tokens(tiny_target, PROMPTS["story"])
+    ctx = Context(tiny_target, ContextConfig(n_ctx=1024, n_threads=1))
+    try:
+        full = SpecEngine(tiny_target, ctx).generate(prompt, GenerationConfig(max_tokens=200)).tokens
+        free = _Oracle(len(prompt), full, tiny_target.n_vocab, None, start=120)
+        chain = ChainDrafter([free, _Wrong(len(prompt), full, tiny_target.n_vocab)])
+        engine = SpecEngine(tiny_target, ctx, chain)
+        got = engine.generate(prompt, GenerationConfig(max_tokens=200, draft_max=8))
+    finally:
+        ctx.close()
+    assert got.tokens == full
+    assert free.drafted_at and free.drafted_at[0] <= 121
+    assert got.stats.per_drafter["oracle"].accepted > 60
+    assert engine.last_controllers["wrong"].n_pauses > 0, "the failing drafter must have been paused"

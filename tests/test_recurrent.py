@@ -157,7 +157,9 @@ def test_greedy_ngram_lossless_with_partial_acceptance(mamba, recurrent_models, 
         prompt = _echo_prompt(mamba, text)
         ref = generate(mamba, "none", prompt, n=N)
         steps.clear()
-        got = generate(mamba, spec, prompt, draft=recurrent_models["draft"], n=N)
+        # A fixed draft length: the adaptive one follows measured step times, so which drafts are
+        # only partly accepted would vary from run to run.
+        got = generate(mamba, spec, prompt, draft=recurrent_models["draft"], n=N, adaptive=False, draft_max=8)
         print(assert_lossless(mamba, prompt, ref.tokens, got.tokens, eps=1e-3, label=f"{spec}/{name}"))
         assert got.stats.accepted > 0
         n_partial += _partial(steps)
@@ -201,7 +203,7 @@ def test_sampling_same_seed_same_output(mamba, recurrent_models, steps, spec):
     prompt = _echo_prompt(mamba, PROMPTS["story"])
     kw = dict(adaptive=False, draft_max=4) if spec == "draft" else {}
     runs, rollbacks = {}, 0
-    for seed in (42, 43, 44):
+    for seed in range(42, 50):  # sampled text repeats (n-gram drafts) for some seeds only
         sp = SamplingParams(temperature=0.7, top_k=3, seed=seed)
         steps.clear()
         a = generate(mamba, spec, prompt, draft=recurrent_models["draft"], n=N, sampling=sp, **kw)

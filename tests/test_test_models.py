@@ -136,7 +136,7 @@ def argmax_each(model, tokens: list[int]) -> list[int]:
 
 
 def test_set_has_every_key(tiny_models):
-    expected = {"target", "draft", "other_vocab", "spm", "mtp"} | {f"variant_{k}" for k in tm.VARIANT_KINDS}
+    expected = {"target", "draft", "other_vocab", "spm", "mtp", "target_wide"} | {f"variant_{k}" for k in tm.VARIANT_KINDS}
     assert set(tiny_models) == expected == set(tm.SET_NAMES)
     assert all(p.is_file() and p.stat().st_size < 2_000_000 for p in tiny_models.values())
 

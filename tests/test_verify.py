@@ -313,3 +313,29 @@ def test_top_k_selection_is_exact_on_large_vocabularies(vocab, k):
     got = verify._top_k_sorted(logits, k)
     expect = np.argsort(-logits, kind="stable")[:k]
     assert got.tolist() == expect.tolist()
+
+
+@pytest.mark.parametrize("q", [
+    [0.7, 0.3, 0.0],             # a draft vocabulary smaller than the target's (id 3 missing)
+    [0.4, 0.1, 0.1, 0.2, 0.2],   # larger: id 4 exists only in the draft (p = 0 there)
+])
+def test_rejection_sampling_with_a_draft_vocabulary_of_another_size(q):
+    """llama.cpp allows vocabularies 128 apart; the output must still be distributed as p."""
+    p = np.array([0.1, 0.2, 0.3, 0.4])
+    q = np.array(q)
+    rng = np.random.default_rng(5)
+    n = 40_000
+    counts = np.zeros(4)
+    for _ in range(n):
+        x = int(rng.choice(len(q), p=q))
+        n_acc, nxt = verify_rejection([x], [q], [p, p], rng)
+        counts[x if n_acc else nxt] += 1
+    assert np.abs(counts / n - p).max() < 0.01, counts / n
+
+
+def test_engine_and_drafter_docstring_examples():
+    from llamaspec import engine
+    from llamaspec.drafters import model
+
+    assert doctest.testmod(engine).failed == 0
+    assert doctest.testmod(model).failed == 0

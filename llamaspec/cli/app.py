@@ -50,10 +50,23 @@ def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, 
     for name, value in given.items():
         if value is not None and value < 1:
             raise UsageError(f"--spec-ngram-{name.replace('_', '-')} must be >= 1")
+    for name in ("simple_size_m", "mod_n_max"):  # draft lengths: one verify batch
+        check_draft_max(given[name], f"--spec-ngram-{name.replace('_', '-')}")
     params = replace(NgramParams(), **{k: v for k, v in given.items() if v is not None})
     if params.mod_n_min > params.mod_n_max:
         raise UsageError("--spec-ngram-mod-n-min must not exceed --spec-ngram-mod-n-max")
     return params
+
+
+def check_draft_max(value: int | None, flag: str = "--draft-max") -> None:
+    """A draft length must fit one verify batch (llama.cpp's n_batch, 512, with the last token)."""
+    from llamaspec.errors import UsageError
+    from llamaspec.pipeline import MAX_DRAFT
+
+    if value is not None and value > MAX_DRAFT:
+        raise UsageError(f"{flag} must be at most {MAX_DRAFT}",
+                         f"a verify step evaluates the last token and the draft in one batch of "
+                         f"{MAX_DRAFT + 1}; the adaptive length rarely goes past 32")
 
 
 def read_prompt_file(path: Path) -> str:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from llamaspec.cli.app import (
+    check_draft_max,
     JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
     ngram_params, read_prompt_file, setup_output,
 )
@@ -161,6 +162,7 @@ def _check_ranges(**v) -> None:
         raise UsageError("-c/--ctx-size must be >= 0", "0 uses the model's training context")
     if v["draft_max"] is not None and v["draft_max"] < 1:
         raise UsageError("--draft-max must be >= 1")
+    check_draft_max(v["draft_max"])
     if not 0 <= v["draft_p_min"] <= 1:
         raise UsageError("--draft-p-min must be in [0, 1]")
     if v["native_draft_max"] < 1:

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from llamaspec.cli.app import (
+    check_draft_max,
     JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
     ngram_params, read_prompt_file, setup_output,
 )
@@ -142,6 +143,7 @@ def _check_ranges(**v) -> None:
         raise UsageError("-c/--ctx-size must be >= 0", "0 uses the model's training context")
     if v["draft_max"] is not None and v["draft_max"] < 0:
         raise UsageError("--draft-max must be >= 0")
+    check_draft_max(v["draft_max"])
     if v["draft_min"] < 0 or (v["draft_max"] is not None and v["draft_min"] > v["draft_max"]):
         raise UsageError("--draft-min must be between 0 and --draft-max")
     if not 0 <= v["draft_p_min"] <= 1:

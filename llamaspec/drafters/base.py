@@ -6,7 +6,7 @@ engine then decodes one token the plain way.
 
 Life cycle of one sequence (ids are explicit so several sequences can be decoded together)::
 
-    drafter.begin(seq_id, prompt_tokens)
+    drafter.begin(seq_id, prompt_tokens, rng)
     loop:
         draft = drafter.propose(seq_id, history, n_max)   # history = prompt + generated so far
         ... verify draft with the target, append accepted + 1 token to history ...
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -67,8 +67,27 @@ class Drafter(ABC):
     #: drafter name, llama.cpp's spec-type name where one exists ("ngram-simple", "draft-mtp", ...)
     name: str = "drafter"
 
-    def begin(self, seq_id: int, prompt_tokens: Sequence[int]) -> None:
-        """A new sequence starts with `prompt_tokens` (its whole prompt, already evaluated)."""
+    def begin(self, seq_id: int, prompt_tokens: Sequence[int],
+              rng: np.random.Generator | None = None) -> None:
+        """A new sequence starts with `prompt_tokens` (its whole prompt, already evaluated).
+
+        rng: the random stream for drafters that sample (a draft model at T > 0). The engine
+        derives it per generation, independent of the stream the verifier draws from: with one
+        seed for both, the number that picks a draft token would be the one that tests it.
+        """
+
+    def members(self) -> list["Drafter"]:
+        """The drafters this one is made of, in priority order (itself, for a single drafter)."""
+        return [self]
+
+    def propose_within(self, seq_id: int, history: Sequence[int],
+                       limit: Callable[["Drafter"], int]) -> Draft:
+        """`propose` with a draft-length cap per member: limit(d) for each member d (0: skip it).
+
+        The engine gives each member its own adaptive cap, so a paused draft model does not stop
+        a free n-gram drafter from being tried (and the other way round)."""
+        k = limit(self)
+        return self.propose(seq_id, history, k).truncated(k) if k > 0 else Draft([])
 
     @abstractmethod
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:

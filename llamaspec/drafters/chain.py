@@ -13,7 +13,9 @@ llama.cpp (`common_speculative_draft` / `common_speculative_accept`):
 from __future__ import annotations
 
 import time
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
 
 from llamaspec.drafters.base import Draft, Drafter
 from llamaspec.stats import DrafterCredit
@@ -88,24 +90,29 @@ class ChainDrafter(Drafter):
         self.credit: dict[str, DrafterCredit] = {d.name: DrafterCredit() for d in self.drafters}
         self._winner: dict[int, Drafter] = {}
 
-    def begin(self, seq_id: int, prompt_tokens: Sequence[int]) -> None:
+    def begin(self, seq_id: int, prompt_tokens: Sequence[int],
+              rng: np.random.Generator | None = None) -> None:
         self._winner.pop(seq_id, None)
         for d in self.drafters:
-            d.begin(seq_id, prompt_tokens)
+            d.begin(seq_id, prompt_tokens, rng)
+
+    def members(self) -> list[Drafter]:
+        return [m for d in self.drafters for m in d.members()]
 
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
+        return self.propose_within(seq_id, history, lambda d: n_max)
+
+    def propose_within(self, seq_id: int, history: Sequence[int],
+                       limit: Callable[[Drafter], int]) -> Draft:
         self._winner.pop(seq_id, None)
-        if n_max <= 0:
-            return Draft([], None, "")
         clock = time.perf_counter
         for d in self.drafters:
             t0 = clock()
-            draft = d.propose(seq_id, history, n_max)
+            draft = d.propose_within(seq_id, history, limit)
             c = self.credit[d.name]
             c.draft_seconds += clock() - t0
             c.calls += 1
             if draft.tokens:
-                draft = draft.truncated(n_max)
                 if not draft.source:
                     draft.source = d.name
                 c.drafts += 1

@@ -2,9 +2,19 @@
 
 The draft context's KV cache is kept in step with the sequence incrementally: each `propose`
 removes the draft tokens the target rejected, evaluates only the tokens the draft has not seen
-(usually the accepted ones plus the target's bonus token, in one batch), then drafts greedily (or
-by sampling at T > 0, recording the distribution for rejection sampling) one token per decode,
-stopping early when its confidence falls below p_min (llama.cpp's --spec-draft-p-min).
+(usually the accepted ones plus the target's bonus token, in one batch), then drafts one token per
+decode: greedily (temperature 0), or at T > 0 by sampling from the target's sampling chain applied
+to the draft's logits, recording that distribution q for rejection sampling.
+
+Stopping early (llama.cpp's --spec-draft-p-min): the decision is taken from the distribution
+before a token is drawn, never from the drawn token, so every kept draft token is distributed as
+its q (deciding after the draw keeps likely tokens more often than q says, which biases the
+output at T > 0). Greedy: stop when the top token's probability among the 10 best, renormalised,
+is below p_min: llama.cpp's draft sampler is top-k 10 then softmax. T > 0: stop when the most
+likely token of q is below p_min.
+
+Vocabularies may differ by up to 128 tokens (llama.cpp's rule): each logits row is cut or padded to
+the target's vocabulary first, so drafts only hold ids the target has and q has the target's length.
 """
 
 from __future__ import annotations
@@ -15,14 +25,24 @@ import numpy as np
 
 from llamaspec.drafters.base import Draft, Drafter
 from llamaspec.runtime import Context
+from llamaspec.verify import fit_to_vocab, sample_dense
+
+#: llama.cpp's draft sampler keeps the 10 best candidates before its softmax (common/speculative.cpp)
+P_MIN_TOP_K = 10
 
 
-def _softmax_max(row: np.ndarray) -> tuple[int, float]:
-    """Greedy token of a logits row and its probability."""
+def top_probability(row: np.ndarray, top_k: int = P_MIN_TOP_K) -> tuple[int, float]:
+    """Greedy token of a logits row and its probability among the top_k best, renormalised
+    (what llama.cpp compares with p_min).
+
+        >>> tok, p = top_probability(np.array([0., 2., 1.] + [-50.] * 20))
+        >>> tok, round(p, 3)    # e^2 / (e^0 + e^2 + e^1 + 7 e^-50)
+        (1, 0.665)
+    """
     tok = int(row.argmax())
-    m = row[tok]
-    p = 1.0 / float(np.exp(row - m).sum())
-    return tok, p
+    n = row.shape[0]
+    top = row if n <= top_k else np.partition(row, n - top_k)[n - top_k:]
+    return tok, 1.0 / float(np.exp(top.astype(np.float64) - float(row[tok])).sum())
 
 
 class ModelDrafter(Drafter):
@@ -30,14 +50,16 @@ class ModelDrafter(Drafter):
 
     def __init__(self, ctx: Context, *, p_min: float = 0.0,
                  distribution: Callable[[np.ndarray, Sequence[int]], np.ndarray] | None = None,
-                 rng: np.random.Generator | None = None):
+                 n_vocab: int | None = None):
         """ctx: the draft model's context. distribution: None for greedy drafting; else maps a
         logits row and recent tokens to the probabilities to sample from (the target's sampling
-        chain), so drafts come with the probabilities rejection sampling needs."""
+        chain), so drafts come with the probabilities rejection sampling needs.
+        n_vocab: the target's vocabulary size (default: the draft's own)."""
         self.ctx = ctx
         self.p_min = p_min
         self.distribution = distribution
-        self.rng = rng or np.random.default_rng(0)
+        self.n_vocab = n_vocab if n_vocab is not None else ctx.model.n_vocab
+        self._rng: dict[int, np.random.Generator] = {}  # per sequence, from begin()
         self._cached: dict[int, list[int]] = {}   # tokens in the draft KV cache, per sequence
         self._synced: dict[int, int] = {}         # history length known equal to _cached
         # Recurrent/hybrid draft models cannot drop a tail of their memory (seq_rm fails): keep
@@ -45,8 +67,10 @@ class ModelDrafter(Drafter):
         # exactly history[:n], and roll back to it instead.
         self._checkpoint: dict[int, tuple[int, bytes]] = {}
 
-    def begin(self, seq_id: int, prompt_tokens: Sequence[int]) -> None:
+    def begin(self, seq_id: int, prompt_tokens: Sequence[int],
+              rng: np.random.Generator | None = None) -> None:
         """Evaluate the prompt in the draft now: it is prompt processing, timed as such."""
+        self._rng[seq_id] = rng if rng is not None else np.random.default_rng()
         self.ctx.seq_rm(seq_id, 0, -1)
         self._cached[seq_id] = []
         self._synced[seq_id] = 0
@@ -91,21 +115,24 @@ class ModelDrafter(Drafter):
         tokens: list[int] = []
         probs: list[np.ndarray] | None = [] if self.distribution is not None else None
         recent = list(history[-64:])
+        rng = self._rng.get(seq_id) or self._rng.setdefault(seq_id, np.random.default_rng())
         while True:
             row = self.ctx.logits(1)[0]
+            if row.shape[0] != self.n_vocab:
+                row = fit_to_vocab(row, self.n_vocab, -np.inf)
             if self.distribution is None:
                 if self.p_min > 0.0:
-                    tok, p = _softmax_max(row)
+                    tok, p = top_probability(row)
                     if p < self.p_min:  # llama.cpp: only very confident drafts, the first included
                         break
                 else:
                     tok = int(row.argmax())
             else:
                 q = self.distribution(row, recent)
-                tok = int(self.rng.choice(len(q), p=q))
-                if q[tok] < self.p_min:
+                if self.p_min > 0.0 and float(q.max()) < self.p_min:  # decided before drawing
                     break
-                probs.append(q.copy())
+                tok = sample_dense(q, rng)
+                probs.append(q)
             tokens.append(tok)
             recent.append(tok)
             if len(tokens) >= n_max:
@@ -127,9 +154,11 @@ class ModelDrafter(Drafter):
 
     def end(self, seq_id: int) -> None:
         self.ctx.seq_rm(seq_id, 0, -1)
+        self._rng.pop(seq_id, None)
         self._cached.pop(seq_id, None)
         self._synced.pop(seq_id, None)
         self._checkpoint.pop(seq_id, None)
 
     def close(self) -> None:
         self.ctx.close()
+

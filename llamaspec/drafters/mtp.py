@@ -272,7 +272,8 @@ class MtpDrafter(Drafter):
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
 
     # -- Drafter interface ----------------------------------------------------------------------
-    def begin(self, seq_id: int, prompt_tokens: Sequence[int]) -> None:
+    def begin(self, seq_id: int, prompt_tokens: Sequence[int],
+              rng: np.random.Generator | None = None) -> None:
         # The decode listener has already seen the prompt (the engine evaluates it before begin),
         # and every prompt position is confirmed: add them to the MTP KV now (prompt time, not the
         # first draft step's).

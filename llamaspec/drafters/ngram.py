@@ -119,7 +119,8 @@ class NgramSimpleDrafter(Drafter):
         self.size_m = size_m
         self._seqs: dict[int, _SimpleSeq] = {}
 
-    def begin(self, seq_id: int, prompt_tokens: Sequence[int]) -> None:
+    def begin(self, seq_id: int, prompt_tokens: Sequence[int],
+              rng: np.random.Generator | None = None) -> None:
         s = self._seqs[seq_id] = _SimpleSeq()
         # index the prompt now (the first propose() sees prompt + 1 token: same windows)
         self._index(s, prompt_tokens, len(prompt_tokens))
@@ -364,7 +365,8 @@ class NgramModDrafter(Drafter):
         self.n_resets = 0
         self._seqs: dict[int, _ModSeq] = {}
 
-    def begin(self, seq_id: int, prompt_tokens: Sequence[int]) -> None:
+    def begin(self, seq_id: int, prompt_tokens: Sequence[int],
+              rng: np.random.Generator | None = None) -> None:
         s = self._seqs.setdefault(seq_id, _ModSeq())
         s.i_last = 0
         s.n_draft_last = 0  # (llama.cpp keeps n_low across requests of a slot; so does this)

@@ -519,7 +519,8 @@ EXTRA_LAYER_SCALE = 0.15  # measured ~79% greedy draft/target agreement in llama
 BASE_SEED = 1234
 
 
-SET_NAMES = ("target", "draft", "other_vocab", "spm", "mtp") + tuple(f"variant_{k}" for k in VARIANT_KINDS)
+SET_NAMES = (("target", "draft", "other_vocab", "spm", "mtp", "target_wide")
+             + tuple(f"variant_{k}" for k in VARIANT_KINDS))
 
 
 def _set_spec() -> dict[str, dict]:
@@ -533,6 +534,12 @@ def _set_spec() -> dict[str, dict]:
                             name="tiny-other-vocab"),
         "spm": dict(kind="llama", n_layer=1, vocab=spm_vocab(), seed=BASE_SEED + 2, name="tiny-spm"),
         "mtp": dict(kind="mtp", vocab=base),
+        # The target with 128 extra (control) tokens: `draft` is then a draft whose vocabulary is
+        # 128 tokens smaller than its target's, as llama.cpp allows (Qwen2.5 7B / 1.5B pairs).
+        # Rows of the shared weights come from one random stream, so the first rows are the target's.
+        "target_wide": dict(kind="llama", n_layer=TARGET_LAYERS, vocab=vocab_variant("size_128", base),
+                            seed=BASE_SEED, layer_scales=[1.0] + [EXTRA_LAYER_SCALE] * (TARGET_LAYERS - 1),
+                            name="tiny-target-wide"),
     }
     for k in VARIANT_KINDS:
         spec[f"variant_{k}"] = dict(kind="llama", n_layer=1, vocab=vocab_variant(k, base), seed=BASE_SEED,
