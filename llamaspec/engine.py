@@ -152,7 +152,7 @@ class SpecEngine:
                 # chunk of a split batch has output rows.
                 k = min(config.draft_max, config.max_tokens - len(out.tokens) - 1, room, ctx.n_batch - 1)
                 ta = time.perf_counter()
-                draft = self._propose(seq_id, history, k, ctls, config.draft_min)
+                draft = self._propose(seq_id, history, k, ctls, config.draft_min, stats)
                 tb = time.perf_counter()
                 n_acc, nxt = self._verify_step(seq_id, history, n_past, draft, params, verify_rng)
                 tc = time.perf_counter()
@@ -191,14 +191,23 @@ class SpecEngine:
                 for d in self.drafter.members()}
 
     def _propose(self, seq_id: int, history: list[int], k: int,
-                 ctls: dict[str, DraftLengthController], draft_min: int) -> Draft:
-        """The drafter's proposal for this step, cut to k tokens (an empty Draft: a plain step)."""
+                 ctls: dict[str, DraftLengthController], draft_min: int, stats: SpecStats) -> Draft:
+        """The drafter's proposal for this step, cut to k tokens (an empty Draft: a plain step).
+        Each drafter asked (a chain asks its members in turn) is timed into `stats`."""
         if self.drafter is None or k <= 0:
             return _NO_DRAFT
-        if ctls:
-            draft = self.drafter.propose_within(seq_id, history, lambda d: min(k, ctls[d.name].choose()))
-        else:
-            draft = self.drafter.propose_within(seq_id, history, lambda d: k)
+        asked: list[tuple[str, float]] = []  # (member, when asked): a member's time runs to the next
+
+        def limit(d: Drafter) -> int:
+            n = min(k, ctls[d.name].choose()) if ctls else k
+            if n > 0:
+                asked.append((d.name, time.perf_counter()))
+            return n
+
+        draft = self.drafter.propose_within(seq_id, history, limit)
+        t_end = time.perf_counter()
+        for i, (name, t) in enumerate(asked):
+            stats.record_call(name, (asked[i + 1][1] if i + 1 < len(asked) else t_end) - t)
         if len(draft) > k:
             draft = draft.truncated(k)
         # llama.cpp drops drafts shorter than --draft-min. Not a sampled draft verified by rejection

@@ -136,6 +136,14 @@ class SpecStats:
             credit.drafted += n_drafted
             credit.record_accepted(n_accepted)
 
+    def record_call(self, source: str, seconds: float) -> None:
+        """Drafter `source` was asked for a draft (drafted or not) and took `seconds`."""
+        credit = self.per_drafter.get(source)
+        if credit is None:
+            credit = self.per_drafter[source] = DrafterCredit()
+        credit.calls += 1
+        credit.draft_seconds += seconds
+
     # -- derived ------------------------------------------------------------------------------
 
     @property

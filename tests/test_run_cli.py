@@ -33,6 +33,8 @@ def test_json_has_every_key_and_spec_matches_plain(run_cli, tiny_models):
     assert spec["tokens"] == plain["tokens"] and len(plain["tokens"]) == plain["n_generated"] == 32
     assert spec["drafted"] > 0 and 0 < spec["acceptance"] <= 1
     assert spec["mean_accepted_length"] == pytest.approx(1 + spec["accepted"] / spec["drafts"])
+    per = spec["per_drafter"]["draft"]  # counted once, by the engine: calls and time included
+    assert per["drafted"] == spec["drafted"] and per["calls"] >= per["drafts"] > 0 and per["draft_seconds"] > 0
 
 
 def test_draft_auto_takes_a_compatible_draft_on_disk(run_cli, tiny_models, tmp_path, isolated_home):

@@ -7,18 +7,17 @@ llama.cpp (`common_speculative_draft` / `common_speculative_accept`):
 - after verification, the winner gets `accept(seq, n_accepted, is_other=false)` and is credited
   with the accepted tokens; every other implementation gets `accept(..., is_other=true)` so it can
   keep its own state in sync.
-`ChainDrafter` does the same. It is a `Drafter` itself, so the engine drives one drafter.
+`ChainDrafter` does the same. It is a `Drafter` itself, so the engine drives one drafter. What each
+member drafted, and what of it was accepted, is counted once, by the engine (`SpecStats.per_drafter`).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from llamaspec.drafters.base import Draft, Drafter
-from llamaspec.stats import DrafterCredit
 
 __all__ = ["PRIORITY", "ALIASES", "canonical_name", "order_by_priority", "ChainDrafter"]
 
@@ -71,11 +70,9 @@ def order_by_priority(names: Iterable[str]) -> list[str]:
 
 
 class ChainDrafter(Drafter):
-    """Try `drafters` in the given order; the first non-empty draft wins.
+    """Try `drafters` in the given order; the first non-empty draft wins (its `source` names it).
 
-    Credit per drafter (`credit[name]`, a `DrafterCredit`): propose calls, time spent drafting,
-    drafts produced, tokens drafted, tokens accepted (per position too). Credit counts every
-    sequence. Build the list in priority order (see `order_by_priority`).
+    Build the list in priority order (see `order_by_priority`).
     """
 
     name = "chain"
@@ -87,7 +84,6 @@ class ChainDrafter(Drafter):
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate drafter names in chain: {names}")
         self.drafters: list[Drafter] = list(drafters)
-        self.credit: dict[str, DrafterCredit] = {d.name: DrafterCredit() for d in self.drafters}
         self._winner: dict[int, Drafter] = {}
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
@@ -105,18 +101,11 @@ class ChainDrafter(Drafter):
     def propose_within(self, seq_id: int, history: Sequence[int],
                        limit: Callable[[Drafter], int]) -> Draft:
         self._winner.pop(seq_id, None)
-        clock = time.perf_counter
         for d in self.drafters:
-            t0 = clock()
             draft = d.propose_within(seq_id, history, limit)
-            c = self.credit[d.name]
-            c.draft_seconds += clock() - t0
-            c.calls += 1
             if draft.tokens:
                 if not draft.source:
                     draft.source = d.name
-                c.drafts += 1
-                c.drafted += len(draft.tokens)
                 self._winner[seq_id] = d
                 return draft
         return Draft([], None, "")
@@ -124,8 +113,6 @@ class ChainDrafter(Drafter):
     def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int],
                  is_other: bool = False) -> None:
         winner = self._winner.pop(seq_id, None)
-        if winner is not None and not is_other:
-            self.credit[winner.name].record_accepted(n_accepted)
         for d in self.drafters:
             d.accepted(seq_id, n_accepted, new_tokens, is_other or d is not winner)
 
