@@ -14,7 +14,7 @@ app = typer.Typer(
     help="Speculative decoding for local GGUF models with llama.cpp: faster, token for token.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,  # our own error table prints user errors; bugs re-raise
-    rich_markup_mode="rich",
+    rich_markup_mode=None,  # click's plain help: wraps long option names instead of cutting them
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 

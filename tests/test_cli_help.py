@@ -1,0 +1,39 @@
+"""`--help` of every command: whole option names wrapped at the terminal width, no llama_cpp import."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+COMMANDS = ["run", "bench", "pair", "check", "inspect", "models", "pull", "doctor"]
+
+_PROBE = """
+import sys
+from llamaspec.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+sys.stderr.write("LLAMA_CPP_IMPORTED=%s" % ("llama_cpp" in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_wraps_whole_option_names_and_imports_no_llama_cpp(command):
+    env = dict(os.environ, COLUMNS="80", TERM="dumb")
+    r = subprocess.run([sys.executable, "-c", _PROBE, command, "--help"], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert "Usage:" in r.stdout, r.stderr
+    assert all(len(line) <= 80 for line in r.stdout.splitlines()), r.stdout
+    assert "…" not in r.stdout  # no option name cut short
+    assert "LLAMA_CPP_IMPORTED=False" in r.stderr
+
+
+def test_run_help_names_the_ngram_flags_in_full():
+    r = subprocess.run([sys.executable, "-m", "llamaspec", "run", "--help"], capture_output=True, text=True,
+                       env=dict(os.environ, COLUMNS="80"), timeout=60)
+    for flag in ("--spec-ngram-simple-size-n", "--spec-ngram-mod-n-match", "--spec-draft-p-min"):
+        assert flag in r.stdout
