@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from llamaspec.controller import DraftLengthController
+from llamaspec.controller import CostModel, DraftLengthController
 from llamaspec.drafters.base import Draft, Drafter
 from llamaspec.runtime import Context, DecodeClock, Model, Utf8Stream
 from llamaspec.stats import SpecStats
@@ -117,7 +117,7 @@ class SpecEngine:
         if not prompt_tokens:
             prompt_tokens = [target.bos] if target.bos >= 0 else []
         prompt = list(prompt_tokens)
-        ctls = self._controllers(config)
+        ctls = self._controllers(config, reproducible=params.seed is not None and not params.greedy)
         self.last_controllers = ctls
 
         # Prompt: evaluate all of it, sample the first token the plain way.
@@ -182,13 +182,30 @@ class SpecEngine:
         return Generation(out.tokens, "".join(out.parts), len(prompt_tokens), out.stop_reason, stats)
 
     # -- one step ------------------------------------------------------------------------------
-    def _controllers(self, config: GenerationConfig) -> dict[str, DraftLengthController]:
+    def _controllers(self, config: GenerationConfig, reproducible: bool) -> dict[str, DraftLengthController]:
         """One adaptive controller per drafter (chain members each get their own), for this
-        sequence: a paused draft model must not stop a free n-gram drafter from being tried."""
+        sequence: a paused draft model must not stop a free n-gram drafter from being tried.
+
+        reproducible (a seed at T > 0): a sampled draft is verified by rejection sampling, whose
+        random draws depend on which positions were drafted, so the draft lengths must not follow
+        measured time, or one seed would give different outputs from run to run. Then every
+        drafter decides from acceptance and fixed costs (a verify batch at the default slope,
+        drafting at the drafter's size-based `cost_hint`)."""
         if self.drafter is None or not config.adaptive or config.draft_max <= 0:
             return {}
-        return {d.name: DraftLengthController(n_min=max(1, config.draft_min), n_max=config.draft_max)
-                for d in self.drafter.members()}
+        members = self.drafter.members()
+        # In a chain, who drafts a position decides how it is verified: all members, then.
+        fixed = reproducible and any(d.samples for d in members)
+        ctls = {}
+        for d in members:
+            cost = None
+            if fixed:
+                slope = CostModel().default_slope
+                cost = CostModel(verify_ratio_fn=lambda k, s=slope: (1.0 + s * (k + 1)) / (1.0 + s),
+                                 draft_ratio_value=d.cost_hint)
+            ctls[d.name] = DraftLengthController(n_min=max(1, config.draft_min), n_max=config.draft_max,
+                                                 cost=cost)
+        return ctls
 
     def _propose(self, seq_id: int, history: list[int], k: int,
                  ctls: dict[str, DraftLengthController], draft_min: int, stats: SpecStats) -> Draft:

@@ -180,7 +180,8 @@ PRODUCTION_CASES = {
 
 @pytest.mark.parametrize("case", list(PRODUCTION_CASES))
 def test_seeded_production_pipeline_matches_target_distribution(tiny_models, case):
-    """`run --temp 1 --seed S --draft D [--draft-p-min P]` for S = 0..N-1: the sequences have the
+    """`run --temp 1 --seed S --draft D --fixed-draft --draft-max 4 [--draft-p-min P]` for
+    S = 0..N-1, a fresh pipeline each (as `run` builds it): the sequences have the
     target's exact distribution (chi-square against the enumerated joint of 4 tokens)."""
     from llamaspec.cli.run import _prompt_tokens
     from llamaspec.pipeline import SpecOptions, load_pipeline, parse_spec_types
@@ -196,8 +197,10 @@ def test_seeded_production_pipeline_matches_target_distribution(tiny_models, cas
         drafted = short = 0
         for seed in range(runs):
             sp = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=seed)
+            # --fixed-draft --draft-max 4: with a seed at T > 0 the adaptive length runs on size-based
+            # costs, by which this tiny draft (as costly as its target) would rarely draft at all.
             opts = SpecOptions(spec_types=parse_spec_types("draft"), draft_path=tiny_models["draft"],
-                               draft_p_min=p_min, n_threads=1)
+                               draft_p_min=p_min, n_threads=1, adaptive=False, draft_max=4)
             pipe = load_pipeline(target.path, opts, sp, target=target)
             try:
                 g = pipe.engine.generate(prompt, pipe.config(max_tokens=n_tok, sampling=sp))
@@ -238,6 +241,7 @@ def test_same_seed_same_output(tiny_target, tiny_models):
     a = generate(tiny_target, "draft", prompt, draft=tiny_models["draft"], n=32, sampling=sp)
     b = generate(tiny_target, "draft", prompt, draft=tiny_models["draft"], n=32, sampling=sp)
     assert a.tokens == b.tokens
+    assert a.stats.drafted > 0 and a.stats.drafted == b.stats.drafted  # the same draft lengths too
 
 
 # ---- stop conditions ----------------------------------------------------------------------------------

@@ -66,6 +66,11 @@ class Drafter(ABC):
 
     #: drafter name, llama.cpp's spec-type name where one exists ("ngram-simple", "draft-mtp", ...)
     name: str = "drafter"
+    #: True when drafts are sampled (they carry probabilities and are verified by rejection sampling)
+    samples: bool = False
+    #: cost of one drafted token relative to a target decode step, estimated without timing
+    #: (from model sizes); used where decisions must not depend on measured time
+    cost_hint: float = 0.0
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
               rng: np.random.Generator | None = None) -> None:

@@ -53,7 +53,10 @@ def _draft_model(opts, target, ctx, sampling) -> Built:
     # At T > 0 the draft samples from the target's sampling chain applied to its own logits and
     # hands over those probabilities, so verification can use rejection sampling.
     dist = None if sampling.greedy else (lambda row, recent: target_distribution(row, sampling, recent))
-    return Built(ModelDrafter(dctx, p_min=opts.draft_p_min, distribution=dist, n_vocab=target.n_vocab), model)
+    # Decoding one token reads every weight once: sizes estimate the draft's cost per token.
+    cost_hint = opts.draft_path.stat().st_size / max(1, target.path.stat().st_size)
+    return Built(ModelDrafter(dctx, p_min=opts.draft_p_min, distribution=dist, n_vocab=target.n_vocab,
+                              cost_hint=cost_hint), model)
 
 
 def _mtp(opts, target, ctx, sampling) -> Built:

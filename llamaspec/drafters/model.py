@@ -50,14 +50,17 @@ class ModelDrafter(Drafter):
 
     def __init__(self, ctx: Context, *, p_min: float = 0.0,
                  distribution: Callable[[np.ndarray, Sequence[int]], np.ndarray] | None = None,
-                 n_vocab: int | None = None):
+                 n_vocab: int | None = None, cost_hint: float = 0.0):
         """ctx: the draft model's context. distribution: None for greedy drafting; else maps a
         logits row and recent tokens to the probabilities to sample from (the target's sampling
         chain), so drafts come with the probabilities rejection sampling needs.
-        n_vocab: the target's vocabulary size (default: the draft's own)."""
+        n_vocab: the target's vocabulary size (default: the draft's own).
+        cost_hint: a draft token's cost relative to a target step, from the file sizes."""
         self.ctx = ctx
         self.p_min = p_min
         self.distribution = distribution
+        self.samples = distribution is not None
+        self.cost_hint = cost_hint
         self.n_vocab = n_vocab if n_vocab is not None else ctx.model.n_vocab
         self._rng: dict[int, np.random.Generator] = {}  # per sequence, from begin()
         self._cached: dict[int, list[int]] = {}   # tokens in the draft KV cache, per sequence
