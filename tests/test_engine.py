@@ -422,8 +422,8 @@ def test_a_paused_drafter_does_not_stop_a_free_one_in_a_chain(tiny_target, monke
     # Fixed costs (a verify batch of k + 1 costs 1 + 0.05 k decodes, drafting is free): a tiny
     # model's sub-millisecond step times are too noisy to make the decisions repeatable.
     def controller(**kw):
-        return DraftLengthController(cost=CostModel(verify_ratio_fn=lambda k: 1 + 0.05 * k,
-                                                    draft_ratio_value=0.0), **kw)
+        kw["cost"] = CostModel(verify_ratio_fn=lambda k: 1 + 0.05 * k, draft_ratio_value=0.0)
+        return DraftLengthController(**kw)
 
     monkeypatch.setattr(engine_mod, "DraftLengthController", controller)
 
