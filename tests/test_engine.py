@@ -54,6 +54,7 @@ def test_fixed_k_and_adaptive_agree(tiny_target, tiny_models):
 
 
 @pytest.mark.real
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["ngram-simple", "ngram-mod"])
 def test_ngram_drafts_on_code_rewrite(smollm2_f16, spec):
     # Random tiny models never copy their prompt; a real model rewriting code does.
@@ -101,6 +102,7 @@ def _exact_joint(target: Model, prompt: list[int], params: SamplingParams, n: in
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["rejection", "sample-and-match"])
 def test_sampling_matches_target_distribution(tiny_target, tiny_models, rule):
     """At T > 0 the speculative output has the target's exact distribution.
@@ -178,6 +180,7 @@ PRODUCTION_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(PRODUCTION_CASES))
 def test_seeded_production_pipeline_matches_target_distribution(tiny_models, case):
     """`run --temp 1 --seed S --draft D --fixed-draft --draft-max 4 [--draft-p-min P]` for

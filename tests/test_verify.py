@@ -241,6 +241,7 @@ def _run(n_trials, step, seed):
     return first, second
 
 
+@pytest.mark.slow
 def test_rejection_sampling_reproduces_the_target_distribution():
     rows = [P0, P1, P2]
     first, second = _run(200_000, lambda d, rng: verify_rejection(d, [Q0, Q1], rows, rng), 11)
