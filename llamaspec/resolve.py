@@ -1,6 +1,6 @@
 """From what the user typed (model ref, --draft, --spec-type) to files and speculative types.
 
-Kept apart from the CLI so `run`, `bench` and `batch` resolve the same way, and apart from the
+Kept apart from the CLI commands so `run` and `bench` resolve the same way, and apart from the
 engine so nothing downstream reaches back here.
 """
 

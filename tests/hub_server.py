@@ -1,6 +1,6 @@
 """A real local Hugging Face Hub on 127.0.0.1, in a thread, for huggingface_hub 2.4 to talk to.
 
-Implements the contract in REFERENCE.md §4: model info with siblings, tree listing, HEAD/GET on
+Implements what huggingface_hub 2.x needs of a Hub: model info with siblings, tree listing, HEAD/GET on
 /resolve/ with ETag, X-Repo-Commit and Range (206), X-Error-Code errors. Switches: cut a file's
 GET after N bytes, gated and private repos, redirecting downloads to a "CDN" on another origin
 (localhost instead of 127.0.0.1), and a log of every request with the bytes sent.

@@ -1,4 +1,4 @@
-"""`draft-mtp`: drafting with the target's own NextN/MTP heads (tiny mimo2 models, REFERENCE §5).
+"""`draft-mtp`: drafting with the target's own NextN/MTP heads (tiny mimo2 models).
 
 The standard tiny `mtp` model's NextN block is aligned with the trunk (eh_proj = [I | 0]): it
 ignores the target's hidden state, so high acceptance alone does not prove the (token p, h p-1)

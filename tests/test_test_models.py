@@ -313,7 +313,7 @@ def test_variant_changes_exactly_one_thing(tiny_models, kind):
 
 
 def llama_cpp_compatible(target, draft) -> bool:
-    """common_speculative_are_compatible, re-done with the vocab API (REFERENCE §1)."""
+    """common_speculative_are_compatible, re-done with the vocab API."""
     vt, vd = vocab_of(target), vocab_of(draft)
     L = llama_cpp
     if L.llama_vocab_type(vt) != L.llama_vocab_type(vd):

