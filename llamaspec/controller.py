@@ -29,17 +29,28 @@ Estimates:
 
 Fallback: when the per-token acceptance over the last `window` drafted steps (accepted /
 (accepted + rejections)) is below `off_acceptance`, or when even the best k is not worth it
-(rate < `min_gain`), the controller returns 0 (do not draft) for `pause` steps, then probes once
-with `probe_k`. A probe that fails (nothing accepted, or even then the best rate is below
-`min_gain`: drafting costs more than it saves, e.g. a draft model as slow as the target) doubles
-the pause (up to `max_pause`); a good probe resumes drafting, with `window` steps of grace
-before the acceptance window may pause it again.
+(rate < `min_gain`), the controller returns 0 (do not draft) for a pause, then probes once with
+`probe_k` tokens. A good probe (something accepted, and then the best rate >= `min_gain`)
+resumes drafting, with `window` drafted steps of grace before the acceptance window may pause it
+again; drafting that lasts through the grace resets the pause to `pause` steps. A failed probe,
+or drafting that stops again within the grace (the probe was luck), doubles the pause, up to a
+cap that depends on why drafting stopped:
+- it cannot pay by cost: even if every draft token were accepted, no k reaches `min_gain` (a
+  draft model as slow as the target). Acceptance cannot change that, only re-measured costs can,
+  so the cap is `max_pause` and probes stay rare.
+- the drafts are bad right now: the cap is `recover_pause`, so drafting resumes soon after the
+  text becomes predictable again, raised for a costly drafter so that failed probes (cost
+  C(probe_k) - 1 each) cost at most `probe_budget` of plain decoding.
+The text moves on while drafting is paused, so each skipped step forgets the acceptance counts
+as a drafted step does (`decay`): after a pause the estimates are close to the prior and the
+probe's own outcome decides, rather than counts from a stretch the text has left.
 
 Everything is deterministic given the observations.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable
 
@@ -176,7 +187,8 @@ class DraftLengthController:
                  decay: float = 0.9, prior_alpha: float = 0.6, prior_weight: float = 2.0,
                  position_weight: float = 2.0, min_gain: float = 1.05,
                  off_acceptance: float = 0.1, window: int = 16, pause: int = 8,
-                 max_pause: int = 128, probe_k: int | None = None):
+                 max_pause: int = 128, recover_pause: int = 32, probe_budget: float = 0.03,
+                 probe_k: int | None = None):
         if not 0 <= n_min <= n_max:
             raise ValueError(f"need 0 <= n_min <= n_max (got {n_min}, {n_max})")
         self.n_min = max(1, n_min)
@@ -191,6 +203,8 @@ class DraftLengthController:
         self.window = window
         self.pause = pause
         self.max_pause = max_pause
+        self.recover_pause = recover_pause
+        self.probe_budget = probe_budget
         self.probe_k = min(n_max, max(self.n_min, 4)) if probe_k is None else probe_k
         self._num = [0.0] * n_max  # decayed accepted counts per position
         self._den = [0.0] * n_max  # decayed observed counts per position
@@ -207,6 +221,7 @@ class DraftLengthController:
         self._pause_left = 0
         self._pause_len = pause
         self._probing = False
+        self._skipped = 0  # plain steps of the current pause, not yet forgotten
         self._grace = 0
         self.last_k = 0
         self.n_pauses = 0
@@ -272,7 +287,11 @@ class DraftLengthController:
             return 0
         if self._pause_left > 0:
             self._pause_left -= 1
+            self._skipped += 1
             return 0
+        if self._skipped:  # the pause is over: forget as if the skipped steps had been drafted
+            self._forget(self.decay ** self._skipped)
+            self._skipped = 0
         if self._probing:
             return self.probe_k
         k, r = self.best()
@@ -319,14 +338,14 @@ class DraftLengthController:
         self._pool_den += n_accepted + (1 if n_accepted < n_drafted else 0)
         if self._grace > 0:
             self._grace -= 1
+            if self._grace == 0:  # drafting lasted since the probe: the next pause starts short
+                self._pause_len = self.pause
         if self._probing:
             self._probing = False
             if n_accepted > 0 and self.best()[1] >= self.min_gain:
-                self._pause_len = self.pause  # the probe worked: resume, re-measure for a while
-                self._grace = self.window
+                self._grace = self.window  # the probe worked: resume, re-measure for a while
             else:
-                self._pause_len = min(2 * self._pause_len, self.max_pause)
-                self._start_pause()
+                self._start_pause(longer=True)
             return
         self._recent.append((n_accepted, 1 if n_accepted < n_drafted else 0))
         if len(self._recent) == self.window and self._grace == 0:
@@ -340,8 +359,48 @@ class DraftLengthController:
         rej = sum(r for _, r in self._recent)
         return acc / (acc + rej) if acc + rej else 1.0
 
-    def _start_pause(self) -> None:
-        """Stop drafting for the current pause length, then probe once."""
+    def observe_cost(self, n_tokens: int, seconds: float) -> None:
+        """A target step of `n_tokens` tokens (the verify batch; 1 for a plain step) took
+        `seconds`, in a step this controller's drafter had no part in (another drafter of a
+        chain drafted): it feeds only the cost model, not the acceptance estimates or the pause."""
+        self.cost.observe_verify(n_tokens, seconds)
+
+    def max_rate(self) -> float:
+        """The best rate if every draft token were accepted: below `min_gain`, drafting cannot
+        pay by cost, whatever the drafts."""
+        c = self.cost.verify_ratios(self.n_max)
+        d = self.cost.draft_ratio
+        return max(((k + 1) / (c[k] + d * k) for k in range(self.n_min, self.n_max + 1)), default=0.0)
+
+    def pause_cap(self) -> int:
+        """Longest pause between probes: `max_pause` when drafting cannot pay by cost; else
+        `recover_pause`, or longer when a failed probe is costly, so that probing costs at most
+        `probe_budget` of plain decoding (never beyond `max_pause`)."""
+        if self.max_rate() < self.min_gain:
+            return self.max_pause
+        k = self.probe_k
+        loss = self.cost.verify_ratio(k) + self.cost.draft_ratio * k - 1.0
+        by_cost = math.ceil(loss / self.probe_budget) if self.probe_budget > 0 else self.max_pause
+        return max(self.pause, min(self.max_pause, max(self.recover_pause, by_cost)))
+
+    def _forget(self, f: float) -> None:
+        """Scale every acceptance count by f (estimates move towards the prior)."""
+        self._num = [x * f for x in self._num]
+        self._den = [x * f for x in self._den]
+        self._pool_num *= f
+        self._pool_den *= f
+        for rows in (self._state_num, self._state_den, self._state_pool):
+            for row in rows:
+                row[:] = [x * f for x in row]
+
+    def _start_pause(self, longer: bool = False) -> None:
+        """Stop drafting for the pause length (at most the current cap), then probe once. The
+        length doubles after a failed probe (`longer`) and when drafting stops again within the
+        grace after a good probe (that probe was luck)."""
+        if longer or self._grace > 0:
+            self._pause_len *= 2
+        self._grace = 0
+        self._pause_len = min(self._pause_len, self.pause_cap())
         self._pause_left = self._pause_len
         self._probing = True
         self._recent.clear()

@@ -363,7 +363,7 @@ def _observe(ctls: dict[str, DraftLengthController], draft: Draft, n_acc: int, *
         elif ctl is author:
             ctl.observe(n, n_acc, verify_seconds=verify_seconds, draft_seconds=draft_seconds)
         else:
-            ctl.cost.observe_verify(n + 1, verify_seconds)
+            ctl.observe_cost(n + 1, verify_seconds)
 
 
 _NO_DRAFT = Draft([])

@@ -58,6 +58,7 @@ class SpecOptions:
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
     ngram: NgramParams = field(default_factory=NgramParams)
+    amx: bool | None = None    # --amx / --no-amx; None: LLAMASPEC_AMX or the default (cpu_policy.py)
 
 
 DEFAULT_CTX = 4096
@@ -120,7 +121,7 @@ def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingPar
 
     if target is None:
         target = Model(target_path, n_gpu_layers=options.n_gpu_layers,
-                       load_mtp="draft-mtp" in options.spec_types)
+                       load_mtp="draft-mtp" in options.spec_types, amx=options.amx)
     n_ctx = options.n_ctx
     if n_ctx is None:  # past the training context a model degrades; llama.cpp warns about it
         n_ctx = min(DEFAULT_CTX, target.n_ctx_train) if target.n_ctx_train > 0 else DEFAULT_CTX

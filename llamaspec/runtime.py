@@ -73,7 +73,12 @@ def default_threads() -> int:
 class Model:
     """Loaded weights and vocabulary. One model can serve several contexts (target + MTP)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, load_mtp: bool = False):
+    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, load_mtp: bool = False,
+                 amx: bool | None = None, buffers=None):
+        """amx: --amx (True) / --no-amx (False) / None (LLAMASPEC_AMX, else the default policy).
+        buffers: a cpu_policy.BufferDecision to apply instead of deciding (tests, scripts)."""
+        from llamaspec.runtime_info import apply_buffer_policy
+
         self.path = Path(path)
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
@@ -84,6 +89,10 @@ class Model:
             from llamaspec.gguf_header import read_file
 
             read_file(self.path)  # raises the precise "not found" / "is a directory" error
+        # CPUs with AMX: load without llama.cpp's AMX weight buffer (it crashes on quantized
+        # models, llama.cpp issue 20824) but keep CPU_REPACK; see cpu_policy.py.
+        self.amx = amx
+        self.buffers = apply_buffer_policy(params, self.path, amx, decision=buffers)  # keeps overrides alive
         _LOG_TAIL.clear()
         self.ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
@@ -333,16 +342,47 @@ class Context:
         llama_cpp.llama_memory_clear(self.mem, True)
 
     # Checkpoints, for targets whose memory cannot be partially removed (recurrent/hybrid).
-    def save_seq(self, seq_id: int) -> bytes:
-        size = llama_cpp.llama_state_seq_get_size(self.ptr, seq_id)
-        buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self.ptr, buf, size, seq_id)
-        return bytes(buf[:n])
+    def save_seq(self, seq_id: int) -> bytearray:
+        """A checkpoint of `seq_id`, to roll it back later with `load_seq`.
 
-    def load_seq(self, state: bytes, seq_id: int) -> None:
-        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if llama_cpp.llama_state_seq_set_data(self.ptr, buf, len(state), seq_id) == 0:
+        llama.cpp writes the state straight into the returned bytearray: no copy on our side
+        (a 21 MB Mamba state: 3 ms; `bytes(buf[:n])` built a Python list first: 530 ms).
+        Hybrid models (attention + recurrent layers): only the recurrent part is saved
+        (LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY); the attention KV, whose tail can be cut, is not
+        copied at all. Pure recurrent models: the whole state (the flag changes nothing there).
+        """
+        flags = (llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if llama_cpp.llama_model_is_hybrid(self.model.ptr)
+                 else llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE)
+        size = llama_cpp.llama_state_seq_get_size_ext(self.ptr, seq_id, flags)
+        state = bytearray(size)
+        view = (ctypes.c_uint8 * size).from_buffer(state)
+        n = llama_cpp.llama_state_seq_get_data_ext(self.ptr, view, size, seq_id, flags)
+        del view  # release the export, or the bytearray cannot be resized
+        if n == 0:
+            raise ModelLoadError("could not save a sequence checkpoint", "report this as a bug")
+        del state[n:]
+        return state
+
+    def load_seq(self, state: bytes | bytearray, seq_id: int) -> None:
+        """Roll `seq_id` back to a checkpoint from `save_seq`, taken when the sequence held a
+        prefix of what it holds now (positions < p, p = the checkpoint's length).
+
+        Hybrid models: the checkpoint holds the recurrent part only. Restoring it puts the
+        recurrent state back at p; the attention KV still holds the positions from p on, which
+        are then cut (llama.cpp's hybrid seq_rm works once the recurrent part is no longer past
+        p). The attention entries before p are kept: they are the same tokens as when saved.
+        """
+        hybrid = llama_cpp.llama_model_is_hybrid(self.model.ptr)
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if hybrid else llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE
+        if isinstance(state, bytearray):  # llama.cpp reads it in place: no copy either way
+            src = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        else:
+            src = ctypes.cast(ctypes.c_char_p(bytes(state)), ctypes.POINTER(ctypes.c_uint8))
+        if llama_cpp.llama_state_seq_set_data_ext(self.ptr, src, len(state), seq_id, flags) == 0:
             raise ModelLoadError("could not restore a sequence checkpoint", "report this as a bug")
+        if hybrid and not self.seq_rm(seq_id, self.seq_pos_max(seq_id) + 1, -1):
+            raise ModelLoadError("could not cut the attention part of a restored checkpoint",
+                                 "report this as a bug")
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:

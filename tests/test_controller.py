@@ -239,3 +239,119 @@ def test_acceptance_in_runs_lengthens_drafts_after_full_acceptance():
     k_after_full = c.choose()
     assert k_after_full >= 3 * max(1, k_after_reject)
     assert k_after_full >= 8
+
+
+# -- recovery after a bad stretch: a deterministic simulation ----------------------------------
+#
+# Text positions are tokens of the output. A draft token at position p is accepted when
+# `good(p)` (and all before it in the draft were); a step that drafts k tokens from position p
+# yields the accepted ones plus the target's bonus token. Costs are in plain-decode steps:
+# C(0) = 1, C(k) = verify_ratio(k) + draft_ratio * k.
+
+FREE = dict(verify_ratio_fn=lambda k: 1.0 + 0.05 * k, draft_ratio_value=0.0)   # n-gram drafter
+MODEL = dict(verify_ratio_fn=lambda k: 1.0 + 0.05 * k, draft_ratio_value=0.6)  # draft model
+# A draft model as slow as the target, and a verify batch costing ~k: never pays, even when
+# every draft token is accepted ((k + 1) / (1 + 1.28 k) < 1).
+COSTLY = dict(verify_ratio_fn=lambda k: 1.0 + 0.28 * k, draft_ratio_value=1.0)
+
+
+def _run(costs: dict, good, n_tokens: int, n_max: int = 16, **kw):
+    """Runs a controller over `n_tokens` of text; returns [(position, k, accepted, cost)]."""
+    cost = CostModel(**costs)
+    c = DraftLengthController(n_max=n_max, cost=cost, **kw)
+    steps, pos = [], 0
+    while pos < n_tokens:
+        k = c.choose()
+        n = 0
+        while n < k and good(pos + n):
+            n += 1
+        c.observe(k, n)
+        steps.append((pos, k, n, cost.verify_ratio(k) + cost.draft_ratio * k if k else 1.0))
+        pos += n + 1
+    return c, steps
+
+
+def _recovery(steps, start: int) -> int:
+    """Tokens after `start` until drafting is back for good: the end of the last plain step."""
+    plain = [p for p, k, _, _ in steps if p >= start and k == 0]
+    return plain[-1] + 1 - start if plain else 0
+
+
+def _overhead(steps, lo: int, hi: int) -> tuple[float, float]:
+    """(fraction of steps that drafted, cost / tokens - 1) over the steps starting in [lo, hi)."""
+    sel = [s for s in steps if lo <= s[0] < hi]
+    tokens = sum(n + 1 for _, _, n, _ in sel)
+    return (sum(1 for s in sel if s[1] > 0) / len(sel), sum(s[3] for s in sel) / tokens - 1.0)
+
+
+@pytest.mark.parametrize("costs, bound", [(FREE, 40), (MODEL, 100)])
+@pytest.mark.parametrize("bad", [300, 1000, 3000])
+def test_recovers_soon_after_a_bad_stretch(costs, bound, bad):
+    """All drafts rejected for `bad` tokens, then all accepted: drafting resumes within `bound`
+    tokens (free drafter: a pause of at most 32 plain steps, then a probe)."""
+    c, steps = _run(costs, lambda p: p >= bad, bad + 1000)
+    assert _recovery(steps, bad) <= bound
+    # and once back, it drafts long: the good text is almost all accepted draft tokens
+    _, over = _overhead(steps, bad + bound + 20, bad + 1000)
+    assert over < -0.5 if costs is FREE else over < -0.2
+
+
+@pytest.mark.parametrize("costs, max_drafted, max_over", [(FREE, 0.05, 0.02), (MODEL, 0.05, 0.04)])
+def test_bad_stretch_probes_are_rare(costs, max_drafted, max_over):
+    """All drafts rejected: once paused, few steps draft (probes), and they cost little."""
+    c, steps = _run(costs, lambda p: False, 3000)
+    first_pause = next(p for p, k, _, _ in steps if k == 0)
+    drafted, over = _overhead(steps, first_pause, 3000)
+    assert drafted < max_drafted
+    assert over < max_over
+
+
+def test_mostly_bad_stretch_probes_are_rare():
+    """A stretch where 1 token in 20 would be accepted: lucky probes must not keep drafting on."""
+    rng = random.Random(5)
+    luck = [rng.random() < 0.05 for _ in range(4000)]
+    for costs, max_over in ((FREE, 0.02), (MODEL, 0.04)):
+        c, steps = _run(costs, lambda p: luck[p], 3000)
+        first_pause = next(p for p, k, _, _ in steps if k == 0)
+        assert _overhead(steps, first_pause, 3000)[1] < max_over
+
+
+def test_drafting_that_cannot_pay_by_cost_probes_rarely():
+    """Every draft token would be accepted, but drafting costs more than it saves: the controller
+    knows it from the costs alone and probes rarely (to re-measure them), not like bad drafts."""
+    c, steps = _run(COSTLY, lambda p: True, 3000)
+    drafted, over = _overhead(steps, 0, 3000)
+    assert drafted < 0.01
+    assert over < 0.01
+
+
+def test_alternating_stretches():
+    """Bad and good text alternate in stretches of 250-530 tokens: each good one is found soon."""
+    edges = [0, 400, 777, 1190, 1450, 1980, 2230, 2700, 3001, 3500]
+    good = lambda p: sum(1 for e in edges if e <= p) % 2 == 0
+    for costs, bound in ((FREE, 40), (MODEL, 100)):
+        c, steps = _run(costs, good, edges[-1])
+        for start, end in zip(edges[1::2], edges[2::2]):
+            assert _recovery([s for s in steps if s[0] < end], start) <= bound
+
+
+def test_draft_model_pays_soon_after_a_bad_stretch():
+    """A draft model (draft cost 0.6 of a step) whose tokens are accepted with probability 0.95
+    after 1000 rejected ones: over the first 300 good tokens it is already ~1.2x plain decoding
+    (steady state: 1.23x; the old doubling pause up to 128 steps gave 1.04x)."""
+    speeds = []
+    for seed in range(6):
+        rng = random.Random(seed)
+        acc = [rng.random() < 0.95 for _ in range(3000)]
+        c, steps = _run(MODEL, lambda p: p >= 1000 and acc[p], 2000)
+        speeds.append(1.0 / (1.0 + _overhead(steps, 1000, 1300)[1]))
+    assert sum(speeds) / len(speeds) > 1.15
+
+
+def test_observe_cost_feeds_only_the_cost_model():
+    c = DraftLengthController(n_max=8)
+    before = (c.alpha, c.position_alphas(), c.paused, c.n_pauses)
+    for n in (1, 5, 9) * 3:
+        c.observe_cost(n, 0.02 + 0.002 * n)
+    assert (c.alpha, c.position_alphas(), c.paused, c.n_pauses) == before
+    assert c.cost.decode_seconds == pytest.approx(0.022)

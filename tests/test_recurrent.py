@@ -221,3 +221,140 @@ def test_sampling_same_seed_same_output(mamba, recurrent_models, steps, spec):
         ctx.close()
     assert rollbacks >= 2, "drafts must be rejected (checkpoints restored) for this test to mean anything"
     assert len({tuple(t) for t in runs.values()}) > 1, "different seeds should sample differently"
+
+
+# ---- hybrid models: the checkpoint holds only the recurrent part ----------------------------------
+def write_lfm2_model(path, *, kinds: str = "cac", seed: int = 97, n_embd: int = 64, n_head: int = 4,
+                     n_head_kv: int = 2, n_ff: int = 128, l_cache: int = 3, n_layer_same: int | None = None):
+    """A tiny `lfm2` GGUF (F32): a hybrid of short-convolution layers ("c", recurrent state) and
+    attention layers ("a", KV cache), on the shared tiny BPE vocabulary. Layer il's weights depend
+    on (seed, il) only, so a model with the first layers of another agrees with it often."""
+    import gguf
+
+    from llamaspec.testing.tiny_models import _atomic_write, _finish, _normal, _shared_weights, bpe_vocab
+
+    vocab = bpe_vocab()
+    hd = n_embd // n_head
+
+    def fill(tmp):
+        w = gguf.GGUFWriter(str(tmp), "lfm2")
+        w.add_name("tiny-lfm2")
+        w.add_context_length(2048)
+        w.add_embedding_length(n_embd)
+        w.add_feed_forward_length(n_ff)
+        w.add_block_count(len(kinds))
+        w.add_head_count(n_head)
+        w.add_head_count_kv([n_head_kv if k == "a" else 0 for k in kinds])  # 0: a recurrent layer
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_rope_freq_base(10000.0)
+        w.add_shortconv_l_cache(l_cache)
+        w.add_vocab_size(vocab.size)
+        w.add_file_type(gguf.LlamaFileType.ALL_F32)
+        vocab.write_to(w)
+        embd, out_norm, head = _shared_weights(seed, vocab, n_embd, 4.0, True)
+        w.add_tensor("token_embd.weight", embd)
+        w.add_tensor("token_embd_norm.weight", out_norm)  # llama.cpp's name for LFM2's output norm
+        w.add_tensor("output.weight", head)
+        for il, kind in enumerate(kinds):
+            s = (seed, 700 + il)
+            t = {
+                "attn_norm.weight": np.ones(n_embd, np.float32),
+                "ffn_norm.weight": np.ones(n_embd, np.float32),
+                "ffn_gate.weight": _normal(s + (0,), (n_ff, n_embd), 1 / np.sqrt(n_embd)),
+                "ffn_up.weight": _normal(s + (1,), (n_ff, n_embd), 1 / np.sqrt(n_embd)),
+                "ffn_down.weight": _normal(s + (2,), (n_embd, n_ff), 0.5 / np.sqrt(n_ff)),
+            }
+            if kind == "a":
+                t.update({
+                    "attn_q_norm.weight": np.ones(hd, np.float32),
+                    "attn_k_norm.weight": np.ones(hd, np.float32),
+                    "attn_q.weight": _normal(s + (3,), (n_embd, n_embd), 1 / np.sqrt(n_embd)),
+                    "attn_k.weight": _normal(s + (4,), (n_head_kv * hd, n_embd), 1 / np.sqrt(n_embd)),
+                    "attn_v.weight": _normal(s + (5,), (n_head_kv * hd, n_embd), 1 / np.sqrt(n_embd)),
+                    "attn_output.weight": _normal(s + (6,), (n_embd, n_embd), 1 / np.sqrt(n_embd)),
+                })
+            else:
+                t.update({
+                    "shortconv.conv.weight": _normal(s + (7,), (n_embd, l_cache), 1 / np.sqrt(l_cache)),
+                    "shortconv.in_proj.weight": _normal(s + (8,), (3 * n_embd, n_embd), 1 / np.sqrt(n_embd)),
+                    "shortconv.out_proj.weight": _normal(s + (9,), (n_embd, n_embd), 1 / np.sqrt(n_embd)),
+                })
+            for k, v in t.items():
+                w.add_tensor(f"blk.{il}.{k}", np.ascontiguousarray(v, dtype=np.float32))
+        _finish(w)
+
+    return _atomic_write(path, fill)
+
+
+@pytest.fixture(scope="module")
+def hybrid_models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("lfm2")
+    return {"target": write_lfm2_model(d / "tiny-lfm2-target.gguf", kinds="cacac"),
+            "draft": write_lfm2_model(d / "tiny-lfm2-draft.gguf", kinds="cac")}
+
+
+@pytest.fixture(scope="module")
+def lfm2(hybrid_models):
+    m = Model(hybrid_models["target"])
+    yield m
+    m.close()
+
+
+def test_hybrid_checkpoint_is_the_recurrent_part_and_restores_exactly(lfm2):
+    import llama_cpp
+
+    assert llama_cpp.llama_model_is_hybrid(lfm2.ptr) and lfm2.needs_checkpoints
+    toks = prompt_tokens(lfm2, PROMPTS["story"])
+    head, tail = toks[:-6], toks[-6:]
+    ctx = Context(lfm2, ContextConfig(n_ctx=256, n_threads=1))
+    ref_ctx = Context(lfm2, ContextConfig(n_ctx=256, n_threads=1))
+    try:
+        ctx.decode(head, 0, 0, outputs=0)
+        assert ctx.seq_rm(0, len(head) - 2, -1) is False  # the recurrent part cannot be cut
+        state = ctx.save_seq(0)
+        # Only the recurrent part: much smaller than the whole state, attention KV included.
+        full = llama_cpp.llama_state_seq_get_size(ctx.ptr, 0)
+        assert len(state) < full / 3, (len(state), full)
+        ctx.decode([7, 8, 9, 10], len(head), 0, outputs=0)   # a rejected "draft"
+        ctx.load_seq(state, 0)
+        assert ctx.seq_pos_max(0) == len(head) - 1           # attention tail cut, recurrent back
+        n = ctx.decode(tail, len(head), 0, outputs="all")
+        got = ctx.logits(n).copy()
+        n = ref_ctx.decode(toks, 0, 0, outputs=len(tail))
+        ref = ref_ctx.logits(n).copy()
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-3)
+        # The checkpoint is a bytes-like object and loads as bytes too (same result).
+        ctx.decode([7, 8], len(toks), 0, outputs=0)
+        ctx.load_seq(bytes(state), 0)
+        n = ctx.decode(tail, len(head), 0, outputs="all")
+        np.testing.assert_allclose(ctx.logits(n), ref, rtol=0, atol=1e-3)
+        # Both parts carry the history: restoring the recurrent part alone over attention KV
+        # of other tokens gives other logits, so a wrong cut would show above.
+        ctx.seq_rm(0, 0, -1)
+        ctx.decode([5] * len(head), 0, 0, outputs=0)
+        ctx.load_seq(state, 0)
+        n = ctx.decode(tail, len(head), 0, outputs="all")
+        assert np.abs(ctx.logits(n) - ref).max() > 1.0
+    finally:
+        ctx.close()
+        ref_ctx.close()
+
+
+def test_hybrid_greedy_draft_model_lossless(lfm2, hybrid_models, steps, restores):
+    """A hybrid target with a hybrid draft model (its first layers): both roll back by restoring
+    the recurrent part and cutting the attention part; the output is plain decoding's."""
+    n_rejecting = n_partial = n_accepted = 0
+    for name, text in PROMPTS.items():
+        prompt = prompt_tokens(lfm2, text)
+        ref = generate(lfm2, "none", prompt, n=N)
+        steps.clear()
+        got = generate(lfm2, "draft", prompt, draft=hybrid_models["draft"], n=N, adaptive=False, draft_max=4)
+        n_rejecting += sum(1 for d, a in steps if a < d)
+        n_partial += _partial(steps)
+        n_accepted += got.stats.accepted
+        print(assert_lossless(lfm2, prompt, ref.tokens, got.tokens, eps=1e-3, label=f"hybrid/{name}"))
+        assert len(got.tokens) == N
+    # partly accepted drafts: the restore + cut + replay path ran, and the output stayed exact
+    assert n_partial >= 3 and n_accepted > 0, (n_partial, n_accepted)
+    assert restores.count("tiny-lfm2-target") == n_rejecting
+    assert restores.count("tiny-lfm2-draft") >= 3, restores

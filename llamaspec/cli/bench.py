@@ -16,6 +16,7 @@ from llamaspec.cli.app import (
     JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
     ngram_params, read_prompt_file, setup_output,
 )
+from llamaspec.cpu_policy import AMX_HELP
 from llamaspec.errors import UsageError
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ def bench(
         "--native-draft-max", help="--spec-draft-n-max for native draft modes.")] = 4,
     offline: Annotated[bool, typer.Option("--offline", help="Never use the network.")] = False,
     force_draft: Annotated[bool, typer.Option("--force-draft", help="Use a draft that fails the vocabulary check.")] = False,
+    amx: Annotated[Optional[bool], typer.Option("--amx/--no-amx", help=AMX_HELP)] = None,
     ngram_size_n: NgramSizeNOpt = None,
     ngram_size_m: NgramSizeMOpt = None,
     ngram_mod_match: NgramModMatchOpt = None,
@@ -102,7 +104,11 @@ def bench(
             out.warn("--draft is given but no mode uses it; add --spec-type draft")
 
     out.detail(f"loading {target_path}")
-    target = Model(target_path, load_mtp=any("draft-mtp" in m.split(",") for m in modes))
+    from llamaspec.runtime_info import buffer_decision
+
+    out.detail(buffer_decision(amx).reason)
+    # The draft model (draft mode) follows the target's AMX choice (drafters/factory.py).
+    target = Model(target_path, load_mtp=any("draft-mtp" in m.split(",") for m in modes), amx=amx)
     try:
         if text is None:  # the default preset: its completion form when no chat template is used
             use_chat = chat if chat is not None else target.chat_template is not None

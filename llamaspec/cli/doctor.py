@@ -18,6 +18,15 @@ def _render(info: dict, console) -> None:
     for d in info["devices"]:
         t.add_row("device", f"{d['name']} [{d['type']}] {d['description']}")
     t.add_row("CPU features", " ".join(info["cpu_features"]) or "-")
+    amx = info.get("amx")
+    if amx:
+        t.add_row("AMX", _amx_line(amx))
+        used = ", ".join(amx["extra_buffer_types_used"]) or "none"
+        avail = amx["extra_buffer_types"]
+        t.add_row("weight buffers", f"extra buffer types in use: {used}"
+                  + ("" if avail is None else f" (this build has: {', '.join(avail) or 'none'})"))
+        link = (amx["avoid_amx"] or amx["cpu_has_amx"] or amx["amx_weight_buffer"]) and amx["issue"] not in amx["reason"]
+        t.add_row("AMX policy", amx["reason"] + (f" ({amx['issue']})" if link else ""))
     t.add_row("GPU offload", "[green]yes[/green]" if info["gpu_offload"] else "[yellow]no (CPU-only build)[/yellow]")
     console.print(t)
     if info["gpu_build_commands"]:
@@ -26,9 +35,16 @@ def _render(info: dict, console) -> None:
             console.print(f"  [bold]{name}[/bold]: {cmd}", soft_wrap=True)
 
 
+def _amx_line(amx: dict) -> str:
+    cpu = " ".join(amx["cpu_amx_flags"]) if amx["cpu_has_amx"] else "no amx flags"
+    build = "AMX_INT8" if amx["build_has_amx"] else "no AMX_INT8"
+    has = "yes" if amx["amx_weight_buffer"] else "no"
+    return f"{has} (CPU /proc/cpuinfo: {cpu}; ggml build: {build})"
+
+
 @app.command()
 def doctor(json: JsonOpt = False, quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
-    """Show llama-cpp-python / llama.cpp versions, CPU features, backends and GPU support."""
+    """Show llama-cpp-python / llama.cpp versions, CPU features (and the AMX policy), backends and GPU support."""
     out = setup_output(json, quiet, verbose)
     from llamaspec.runtime_info import collect
 

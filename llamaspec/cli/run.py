@@ -13,6 +13,7 @@ from llamaspec.cli.app import (
     JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
     ngram_params, read_prompt_file, setup_output,
 )
+from llamaspec.cpu_policy import AMX_HELP
 from llamaspec.errors import UsageError
 
 _SPEC_HELP = ("Speculative types, comma list: none, draft, ngram-simple, ngram-mod, mtp "
@@ -67,6 +68,7 @@ def run(
     threads: Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: all).")] = None,
     ngl: Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers on the GPU.")] = 0,
     ngld: Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers on the GPU.")] = 0,
+    amx: Annotated[Optional[bool], typer.Option("--amx/--no-amx", help=AMX_HELP)] = None,
     chat: Annotated[Optional[bool], typer.Option(
         "--chat/--raw", help="Apply the model's chat template (default when it has one) or send raw text.")] = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System message (chat mode).")] = None,
@@ -106,8 +108,11 @@ def run(
                        draft_max=draft_max if draft_max is not None else r.draft_max,
                        draft_min=draft_min, draft_p_min=draft_p_min, adaptive=not fixed_k,
                        n_ctx=ctx_size, n_threads=threads, n_gpu_layers=ngl, n_gpu_layers_draft=ngld,
-                       ngram=ngram)
+                       ngram=ngram, amx=amx)
     out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")
+    from llamaspec.runtime_info import buffer_decision
+
+    out.detail(buffer_decision(amx).reason)
     pipe = load_pipeline(r.target_path, opts, sampling)
     try:
         prompt_tokens = _prompt_tokens(pipe.target, text, chat, system)

@@ -68,7 +68,7 @@ class ModelDrafter(Drafter):
         # Recurrent/hybrid draft models cannot drop a tail of their memory (seq_rm fails): keep
         # one checkpoint per sequence, (n tokens, state) taken when the draft memory held
         # exactly history[:n], and roll back to it instead.
-        self._checkpoint: dict[int, tuple[int, bytes]] = {}
+        self._checkpoint: dict[int, tuple[int, bytearray]] = {}
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
               rng: np.random.Generator | None = None) -> None:
