@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llamaspec.bench import BenchSettings, format_prompt, load_prompt, run_bench  # noqa: E402
-from llamaspec.runtime import Model  # noqa: E402
+from llamaspec.spec.bench import BenchSettings, format_prompt, load_prompt, run_bench  # noqa: E402
+from llamaspec.runtime.llama import Model  # noqa: E402
 
 
 def main() -> None:

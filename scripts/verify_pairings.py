@@ -24,10 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
-from llamaspec import compat, registry  # noqa: E402
+from llamaspec.pairing import compat  # noqa: E402
+
+from llamaspec.pairing import registry
 from llamaspec.errors import LlamaspecError, RegistryError  # noqa: E402
-from llamaspec.gguf_header import GGUFHeader, read_file  # noqa: E402
-from llamaspec.vocab import vocab_from_header  # noqa: E402
+from llamaspec.gguf.header import GGUFHeader, read_file  # noqa: E402
+from llamaspec.gguf.vocab import vocab_from_header  # noqa: E402
 
 
 def _parse_local(items: list[str]) -> dict[str, Path]:

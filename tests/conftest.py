@@ -93,7 +93,7 @@ def run_cli():
     Captures Python-level stdout/stderr (not llama.cpp's native log, which writes to fd 2).
     Exceptions other than SystemExit are bugs and propagate.
     """
-    from llamaspec import output
+    from llamaspec.cli import _output as output
     from llamaspec.cli import main
 
     def run(*args, input: str | None = None) -> CliResult:

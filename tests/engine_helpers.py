@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from llamaspec.pipeline import SpecOptions, load_pipeline, parse_spec_types
-from llamaspec.runtime import Context, ContextConfig, Model
-from llamaspec.verify import SamplingParams
+from llamaspec.spec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+from llamaspec.runtime.llama import Context, ContextConfig, Model
+from llamaspec.spec.verify import SamplingParams
 
 # The benchmark's code-rewrite prompt: a model rewriting a file copies most of it.
 CODE_REWRITE = (Path(__file__).resolve().parents[1] / "llamaspec" / "prompts" / "code_rewrite.txt").read_text()

@@ -12,8 +12,10 @@ import re
 import numpy as np
 import pytest
 
-from llamaspec import cpu_policy, runtime_info
-from llamaspec.cpu_policy import AMX_ISSUE_URL, BufferDecision, CpuFacts, decide
+from llamaspec.runtime import cpu as cpu_policy
+
+from llamaspec.runtime import info as runtime_info
+from llamaspec.runtime.cpu import AMX_ISSUE_URL, BufferDecision, CpuFacts, decide
 
 AMX = CpuFacts(frozenset({"avx512f", "amx_int8", "amx_tile", "amx_bf16"}),
                frozenset({"AVX2", "AVX512", "AMX_INT8", "REPACK"}), ("AMX", "CPU_REPACK"))
@@ -186,7 +188,7 @@ def simulated_amx(monkeypatch):
 
 
 def test_model_load_applies_the_decision(tiny_models, capture_load, simulated_amx):
-    from llamaspec.runtime import Model
+    from llamaspec.runtime.llama import Model
 
     m = Model(tiny_models["target"])
     try:
@@ -204,7 +206,7 @@ def test_model_load_applies_the_decision(tiny_models, capture_load, simulated_am
 
 
 def test_without_amx_loads_are_unchanged(tiny_models, capture_load, monkeypatch):
-    from llamaspec.runtime import Model
+    from llamaspec.runtime.llama import Model
 
     monkeypatch.setattr(runtime_info, "cpu_facts", lambda: NO_AMX)
     m = Model(tiny_models["target"])
@@ -216,8 +218,8 @@ def test_without_amx_loads_are_unchanged(tiny_models, capture_load, monkeypatch)
 
 
 def test_draft_model_follows_the_target_choice(tiny_models, simulated_amx):
-    from llamaspec.pipeline import SpecOptions, load_pipeline
-    from llamaspec.runtime import Model
+    from llamaspec.spec.pipeline import SpecOptions, load_pipeline
+    from llamaspec.runtime.llama import Model
 
     opts = SpecOptions(spec_types=["draft-simple"], draft_path=tiny_models["draft"], n_ctx=256, n_threads=1,
                        amx=False)
@@ -236,7 +238,7 @@ def test_draft_model_follows_the_target_choice(tiny_models, simulated_amx):
 
 
 def _decode_rows(model, tokens):
-    from llamaspec.runtime import Context, ContextConfig
+    from llamaspec.runtime.llama import Context, ContextConfig
 
     ctx = Context(model, ContextConfig(n_ctx=256, n_batch=64, n_threads=2))
     try:
@@ -250,7 +252,7 @@ def _decode_rows(model, tokens):
 def test_overrides_repack_what_llama_cpp_repacks(gemma_q4, capture_load, simulated_amx):
     """Gemma 3 Q4_K_M: the AMX policy's overrides put the same weights in CPU_REPACK as llama.cpp's
     default does on this CPU: a multi-token decode gives bit-identical logits."""
-    from llamaspec.runtime import Model
+    from llamaspec.runtime.llama import Model
 
     if runtime_info.repack_weights(gemma_q4) == []:
         pytest.skip("this CPU repacks none of Gemma's weights")
@@ -276,7 +278,7 @@ def test_overrides_repack_what_llama_cpp_repacks(gemma_q4, capture_load, simulat
 def test_run_cli_on_smollm2_q4_under_the_amx_policy(run_cli, smollm2_q4, monkeypatch):
     """`llamaspec run` on the Q4_1 SmolLM2 (a model the AMX bug crashes), loaded as on an AMX CPU:
     the multi-token prompt decodes and greedy output equals the default load's."""
-    from llamaspec.runtime import set_llama_log
+    from llamaspec.runtime.llama import set_llama_log
 
     common = ("run", smollm2_q4, "-p", "Name three colours.", "-n", "16", "--temp", "0", "-t", "2", "--json")
     monkeypatch.delenv("LLAMASPEC_AMX", raising=False)
@@ -305,7 +307,7 @@ def test_run_cli_draft_model_under_the_amx_policy(run_cli, smollm2_f16, smollm2_
 
 def test_run_cli_amx_flags(run_cli, tiny_models, monkeypatch):
     """--amx / --no-amx reach the loaded models and the -v line (F32 tiny model: safe with AMX too)."""
-    from llamaspec.runtime import set_llama_log
+    from llamaspec.runtime.llama import set_llama_log
 
     monkeypatch.setenv("LLAMASPEC_ASSUME_AMX", "1")
     monkeypatch.setenv("LLAMASPEC_AMX", "0")
@@ -340,7 +342,7 @@ def test_doctor_reports_the_policy(run_cli, monkeypatch):
 
 
 def test_a_fixed_decision_can_be_passed(tiny_models, capture_load):
-    from llamaspec.runtime import Model
+    from llamaspec.runtime.llama import Model
 
     d = BufferDecision(False, False, True, False, "test", "use_extra_bufts=False")
     m = Model(tiny_models["target"], buffers=d)

@@ -7,9 +7,9 @@ import doctest
 import numpy as np
 import pytest
 
-from llamaspec.drafters import chain as chain_mod
-from llamaspec.drafters import ChainDrafter, Draft, Drafter, NgramModDrafter, NgramSimpleDrafter
-from llamaspec.drafters.chain import PRIORITY, canonical_name, order_by_priority
+from llamaspec.spec.drafters import chain as chain_mod
+from llamaspec.spec.drafters import ChainDrafter, Draft, Drafter, NgramModDrafter, NgramSimpleDrafter
+from llamaspec.spec.drafters.chain import PRIORITY, canonical_name, order_by_priority
 
 
 class Fake(Drafter):

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec import compat
-from llamaspec.compat import check_files, compare_vocabs
-from llamaspec.gguf_header import GGUFHeader, read_file
+from llamaspec.pairing import compat
+from llamaspec.pairing.compat import check_files, compare_vocabs
+from llamaspec.gguf.header import GGUFHeader, read_file
 from llamaspec.testing.tiny_models import VARIANT_COMPATIBLE, VARIANT_KINDS, bpe_vocab, spm_vocab
-from llamaspec.vocab import VocabInfo, vocab_fingerprint, vocab_from_header
+from llamaspec.gguf.vocab import VocabInfo, vocab_fingerprint, vocab_from_header
 
 # ---- the rules on VocabInfo values -------------------------------------------------------------
 

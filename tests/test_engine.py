@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
-from llamaspec.drafters.base import Draft, Drafter
-from llamaspec.engine import GenerationConfig, SpecEngine, StopStrings
-from llamaspec.runtime import Context, ContextConfig, Model
-from llamaspec.verify import SamplingParams
+from llamaspec.spec.drafters.base import Draft, Drafter
+from llamaspec.spec.engine import GenerationConfig, SpecEngine, StopStrings
+from llamaspec.runtime.llama import Context, ContextConfig, Model
+from llamaspec.spec.verify import SamplingParams
 
 SPEC_TYPES = ["ngram-simple", "ngram-mod", "draft", "draft,ngram-simple"]
 
@@ -81,7 +81,7 @@ def _chi2_sf(x: float, k: int) -> float:
 
 def _exact_joint(target: Model, prompt: list[int], params: SamplingParams, n: int) -> dict[tuple, float]:
     """P(t1..tn) under the target's sampling chain, enumerated (small top-k keeps it finite)."""
-    from llamaspec.verify import target_distribution
+    from llamaspec.spec.verify import target_distribution
 
     ctx = Context(target, ContextConfig(n_ctx=256, n_threads=1))
     out: dict[tuple, float] = {}
@@ -110,8 +110,8 @@ def test_sampling_matches_target_distribution(tiny_target, tiny_models, rule):
     rejection: the draft model samples its proposals and hands over their probabilities.
     sample-and-match: the draft proposes greedily with no probabilities (as n-gram drafters do).
     """
-    from llamaspec.drafters.model import ModelDrafter
-    from llamaspec.verify import target_distribution
+    from llamaspec.spec.drafters.model import ModelDrafter
+    from llamaspec.spec.verify import target_distribution
 
     params = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
     prompt = prompt_tokens(tiny_target, PROMPTS["story"])
@@ -187,7 +187,7 @@ def test_seeded_production_pipeline_matches_target_distribution(tiny_models, cas
     S = 0..N-1, a fresh pipeline each (as `run` builds it): the sequences have the
     target's exact distribution (chi-square against the enumerated joint of 4 tokens)."""
     from llamaspec.cli.run import _prompt_tokens
-    from llamaspec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+    from llamaspec.spec.pipeline import SpecOptions, load_pipeline, parse_spec_types
 
     target_name, p_min = PRODUCTION_CASES[case]
     target = Model(tiny_models[target_name])
@@ -224,7 +224,7 @@ def test_seeded_production_pipeline_matches_target_distribution(tiny_models, cas
 
 def test_one_seed_one_output_on_a_reused_pipeline(tiny_models):
     """A pipeline serving several prompts (batch, the Python API) gives one output per seed."""
-    from llamaspec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+    from llamaspec.spec.pipeline import SpecOptions, load_pipeline, parse_spec_types
 
     sp = SamplingParams(temperature=0.9, seed=42)
     opts = SpecOptions(spec_types=parse_spec_types("draft"), draft_path=tiny_models["draft"], n_threads=1)
@@ -272,7 +272,7 @@ def test_stop_string_ends_generation(tiny_target):
 def test_context_full_stops_cleanly(tiny_target, tiny_models):
     prompt = prompt_tokens(tiny_target, PROMPTS["chat"])
     ctx = Context(tiny_target, ContextConfig(n_ctx=256, n_threads=1))  # llama.cpp may round it up
-    from llamaspec.drafters.model import ModelDrafter
+    from llamaspec.spec.drafters.model import ModelDrafter
 
     draft_model = Model(tiny_models["draft"])
     drafter = ModelDrafter(Context(draft_model, ContextConfig(n_ctx=ctx.n_ctx, n_threads=1)))
@@ -418,9 +418,9 @@ class _Wrong(Drafter):
 def test_a_paused_drafter_does_not_stop_a_free_one_in_a_chain(tiny_target, monkeypatch):
     """Chain [n-gram-like, draft-model-like]: the second fails until its controller pauses it;
     when the first finds matches (token 120 on), they are tried at once, not after the pause."""
-    from llamaspec import engine as engine_mod
-    from llamaspec.controller import CostModel, DraftLengthController
-    from llamaspec.drafters.chain import ChainDrafter
+    from llamaspec.spec import engine as engine_mod
+    from llamaspec.spec.controller import CostModel, DraftLengthController
+    from llamaspec.spec.drafters.chain import ChainDrafter
 
     # Fixed costs (a verify batch of k + 1 costs 1 + 0.05 k decodes, drafting is free): a tiny
     # model's sub-millisecond step times are too noisy to make the decisions repeatable.

@@ -16,10 +16,10 @@ import pytest
 from hub_server import OTHER_TOKEN, TOKEN, big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures
 from llamaspec import hub as H
 from llamaspec.errors import HubError, UsageError, explain
-from llamaspec.gguf_header import read_file
+from llamaspec.gguf.header import read_file
 from llamaspec.hub import cache, download, remote, select
 from llamaspec.hub.refs import HubRef, classify, parse_ref
-from llamaspec.vocab import vocab_from_header
+from llamaspec.gguf.vocab import vocab_from_header
 
 
 def hub_error(fn, *args, **kwargs) -> HubError:

@@ -15,10 +15,10 @@ import pytest
 from rich.console import Console
 
 from hub_server import TOKEN, big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures
-from llamaspec import output
-from llamaspec.gguf_header import read_file
+from llamaspec.cli import _output as output
+from llamaspec.gguf.header import read_file
 from llamaspec.hub.download import human_size
-from llamaspec.vocab import vocab_from_header
+from llamaspec.gguf.vocab import vocab_from_header
 
 
 def file_bytes(server, name: str) -> int:
@@ -158,7 +158,7 @@ def test_pull_explicit_draft(hub, hub_home, run_cli):
 
 
 def test_pull_draft_auto_pulls_the_registry_draft(hub, hub_home, run_cli_subprocess, tiny_models, tmp_path):
-    pytest.importorskip("llamaspec.autodraft")
+    pytest.importorskip("llamaspec.pairing.autodraft")
     fp = vocab_from_header(read_file(tiny_models["target"])).fingerprint
     pairings = tmp_path / "pairings"
     pairings.mkdir()

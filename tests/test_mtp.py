@@ -18,12 +18,12 @@ import llama_cpp
 import llama_cpp.llama_cpp_ext as llama_ext
 
 from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
-from llamaspec.drafters.mtp import MtpDrafter
-from llamaspec.engine import GenerationConfig, SpecEngine
+from llamaspec.spec.drafters.mtp import MtpDrafter
+from llamaspec.spec.engine import GenerationConfig, SpecEngine
 from llamaspec.errors import UsageError
-from llamaspec.pipeline import SpecOptions, load_pipeline
-from llamaspec.runtime import Context, ContextConfig, Model
-from llamaspec.verify import SamplingParams
+from llamaspec.spec.pipeline import SpecOptions, load_pipeline
+from llamaspec.runtime.llama import Context, ContextConfig, Model
+from llamaspec.spec.verify import SamplingParams
 
 
 @pytest.fixture(scope="module")

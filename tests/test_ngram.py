@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from llamaspec.drafters import ngram
-from llamaspec.drafters.ngram import (
+from llamaspec.spec.drafters import ngram
+from llamaspec.spec.drafters.ngram import (
     EMPTY,
     LCG_MULTIPLIER,
     NGRAM_MOD_POOL_SIZE,

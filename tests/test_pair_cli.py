@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec import autodraft, discovery, registry
+from llamaspec.pairing import autodraft
+
+from llamaspec.pairing import discovery
+
+from llamaspec.pairing import registry
 from llamaspec.errors import IncompatiblePairError
-from llamaspec.gguf_header import read_file
+from llamaspec.gguf.header import read_file
 
 from hub_server import big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures: a local test Hub
 
@@ -27,7 +31,7 @@ def _link(src: Path, dst: Path) -> Path:
 @pytest.fixture(autouse=True)
 def _fresh_printer(monkeypatch):
     """A printer bound to this test's streams (an earlier test's captured stream may be closed)."""
-    from llamaspec import output
+    from llamaspec.cli import _output as output
 
     monkeypatch.setattr(output, "_current", output.Output())
 
@@ -101,8 +105,8 @@ def test_peek_reads_only_what_it_needs(tiny_models, tmp_path):
 
 def _same_as_full_parse(target_path: Path, cand_path: Path) -> bool | None:
     """None when light_header declines (then scan falls back to the full parser)."""
-    from llamaspec.compat import check_headers
-    from llamaspec.vocab import vocab_from_header
+    from llamaspec.pairing.compat import check_headers
+    from llamaspec.gguf.vocab import vocab_from_header
 
     target = read_file(target_path)
     light = discovery.light_header(cand_path, discovery.target_tokens(target))
@@ -334,7 +338,7 @@ def test_auto_uses_a_registry_draft_from_an_installed_package(tiny_models, tmp_p
 
 
 def test_check_explicit_draft(tiny_models, capsys, monkeypatch):
-    from llamaspec import output
+    from llamaspec.cli import _output as output
 
     monkeypatch.setattr(output, "_current", output.Output())  # bound to capsys's streams, set up by now
     assert autodraft.check_explicit_draft(str(tiny_models["target"]), str(tiny_models["draft"])).compatible

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import llamaspec.engine as engine_mod
+import llamaspec.spec.engine as engine_mod
 from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
-from llamaspec.drafters.model import ModelDrafter
-from llamaspec.runtime import Context, ContextConfig, Model
-from llamaspec.stats import SpecStats
+from llamaspec.spec.drafters.model import ModelDrafter
+from llamaspec.runtime.llama import Context, ContextConfig, Model
+from llamaspec.spec.metrics import SpecStats
 from llamaspec.testing.tiny_recurrent import GENERATOR_VERSION, make_recurrent_set
-from llamaspec.verify import SamplingParams, target_distribution
+from llamaspec.spec.verify import SamplingParams, target_distribution
 
 N = 48
 

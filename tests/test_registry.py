@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llamaspec import registry
+from llamaspec.pairing import registry
 from llamaspec.errors import RegistryError
-from llamaspec.gguf_header import read_file
-from llamaspec.vocab import VocabInfo, vocab_from_header
+from llamaspec.gguf.header import read_file
+from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
 
 from hub_server import big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures: a local test Hub
 
@@ -34,7 +34,7 @@ def _script():
 @pytest.fixture(autouse=True)
 def _fresh_printer(monkeypatch):
     """A printer bound to this test's streams (an earlier test's captured stream may be closed)."""
-    from llamaspec import output
+    from llamaspec.cli import _output as output
 
     monkeypatch.setattr(output, "_current", output.Output())
 

@@ -137,7 +137,7 @@ def test_ctrl_c_keeps_the_text_and_prints_stats(tiny_models):
 def test_ngram_flags_reach_the_drafters(run_cli, tiny_models):
     """llama.cpp's --spec-ngram-* flags end up in the drafters the factory builds."""
     from llamaspec.cli.app import ngram_params
-    from llamaspec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+    from llamaspec.spec.pipeline import SpecOptions, load_pipeline, parse_spec_types
 
     ngram = ngram_params(9, 30, 7, 5, 40)
     opts = SpecOptions(spec_types=parse_spec_types("ngram-simple,ngram-mod"), n_ctx=256, n_threads=1, ngram=ngram)

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from llamaspec import verify
-from llamaspec.verify import (
+from llamaspec.spec import verify
+from llamaspec.spec.verify import (
     SamplingParams,
     sample_token,
     step_sampler,
@@ -335,8 +335,8 @@ def test_rejection_sampling_with_a_draft_vocabulary_of_another_size(q):
 
 
 def test_engine_and_drafter_docstring_examples():
-    from llamaspec import engine
-    from llamaspec.drafters import model
+    from llamaspec.spec import engine
+    from llamaspec.spec.drafters import model
 
     assert doctest.testmod(engine).failed == 0
     assert doctest.testmod(model).failed == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from llamaspec import output
+from llamaspec.cli import _output as output
 from llamaspec.cli.app import app
 from llamaspec.errors import explain
 

@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from llamaspec import __version__, output
+from llamaspec import __version__
+
+from llamaspec.cli import _output as output
 
 app = typer.Typer(
     name="llamaspec",
@@ -43,7 +45,7 @@ def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, 
     from dataclasses import replace
 
     from llamaspec.errors import UsageError
-    from llamaspec.pipeline import NgramParams
+    from llamaspec.spec.pipeline import NgramParams
 
     given = {"simple_size_n": size_n, "simple_size_m": size_m, "mod_n_match": mod_match,
              "mod_n_min": mod_min, "mod_n_max": mod_max}
@@ -61,7 +63,7 @@ def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, 
 def check_draft_max(value: int | None, flag: str = "--draft-max") -> None:
     """A draft length must fit one verify batch (llama.cpp's n_batch, 512, with the last token)."""
     from llamaspec.errors import UsageError
-    from llamaspec.pipeline import MAX_DRAFT
+    from llamaspec.spec.pipeline import MAX_DRAFT
 
     if value is not None and value > MAX_DRAFT:
         raise UsageError(f"{flag} must be at most {MAX_DRAFT}",

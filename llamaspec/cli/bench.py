@@ -16,13 +16,13 @@ from llamaspec.cli.app import (
     JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
     ngram_params, read_prompt_file, setup_output,
 )
-from llamaspec.cpu_policy import AMX_HELP
+from llamaspec.runtime.cpu import AMX_HELP
 from llamaspec.errors import UsageError
 
 if TYPE_CHECKING:
-    from llamaspec.bench import BenchResult, ModeSummary
+    from llamaspec.spec.bench import BenchResult, ModeSummary
 
-_PRESETS = ("code", "code-raw", "story")   # llamaspec.bench.PROMPT_PRESETS (not imported: --help stays light)
+_PRESETS = ("code", "code-raw", "story")   # llamaspec.spec.bench.PROMPT_PRESETS (not imported: --help stays light)
 _DEFAULT_PRESET = "code"
 
 _SPEC_HELP = ("A speculative mode to measure; repeat for several (each is run against plain decoding). "
@@ -80,7 +80,7 @@ def bench(
     ngram = ngram_params(ngram_size_n, ngram_size_m, ngram_mod_match, ngram_mod_min, ngram_mod_max)
     text, source = _prompt(prompt, file, preset)
     if native is not None:
-        from llamaspec.bench import native_exe
+        from llamaspec.spec.bench import native_exe
 
         if native_exe(native) is None:
             raise UsageError(f"--native: no executable llama-speculative-simple in {native}",
@@ -88,15 +88,15 @@ def bench(
                              "--target llama-speculative-simple; pass build/bin")
 
     from llamaspec import hub
-    from llamaspec.bench import BenchSettings, format_prompt, preset_text, run_bench
-    from llamaspec.runtime import Model, default_threads, set_llama_log
+    from llamaspec.spec.bench import BenchSettings, format_prompt, preset_text, run_bench
+    from llamaspec.runtime.llama import Model, default_threads, set_llama_log
 
     modes = _modes(spec_type, draft)       # flags first: no download before a usage error
     set_llama_log(verbose)
     target_path = hub.resolve_model(model, offline=offline)
     draft_path = None
     if draft is not None:
-        from llamaspec.autodraft import check_explicit_draft
+        from llamaspec.pairing.autodraft import check_explicit_draft
 
         draft_path = hub.resolve_model(draft, offline=offline)
         check_explicit_draft(str(target_path), str(draft_path), force_draft, offline=offline)
@@ -104,7 +104,7 @@ def bench(
             out.warn("--draft is given but no mode uses it; add --spec-type draft")
 
     out.detail(f"loading {target_path}")
-    from llamaspec.runtime_info import buffer_decision
+    from llamaspec.runtime.info import buffer_decision
 
     out.detail(buffer_decision(amx).reason)
     # The draft model (draft mode) follows the target's AMX choice (drafters/factory.py).
@@ -187,7 +187,7 @@ def _prompt(prompt: str | None, file: Path | None, preset: str | None) -> tuple[
     if preset is not None:
         if preset not in _PRESETS:
             raise UsageError(f"unknown --prompt-preset {preset!r}", f"one of: {', '.join(_PRESETS)}")
-        from llamaspec.bench import preset_text
+        from llamaspec.spec.bench import preset_text
 
         return preset_text(preset), f"preset {preset}"
     return None, f"preset {_DEFAULT_PRESET}"
@@ -195,7 +195,7 @@ def _prompt(prompt: str | None, file: Path | None, preset: str | None) -> tuple[
 
 def _modes(spec_type: list[str] | None, draft: str | None) -> list[str]:
     """--spec-type values -> canonical mode labels (each a priority-ordered comma list), deduplicated."""
-    from llamaspec.pipeline import parse_spec_types
+    from llamaspec.spec.pipeline import parse_spec_types
 
     if draft is not None and draft.lower() in ("auto", "none"):
         raise UsageError(f"bench takes a draft path or Hub ref, not --draft {draft}",

@@ -46,7 +46,7 @@ def _amx_line(amx: dict) -> str:
 def doctor(json: JsonOpt = False, quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
     """Show llama-cpp-python / llama.cpp versions, CPU features (and the AMX policy), backends and GPU support."""
     out = setup_output(json, quiet, verbose)
-    from llamaspec.runtime_info import collect
+    from llamaspec.runtime.info import collect
 
     info = collect()
     if verbose:

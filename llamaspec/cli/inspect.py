@@ -12,7 +12,7 @@ from llamaspec.cli.app import JsonOpt, QuietOpt, VerboseOpt, app, setup_output
 def describe(ref: str) -> dict:
     """The facts `inspect` prints, as plain data (also used by `models` and `pair`)."""
     from llamaspec.hub import read_model_header
-    from llamaspec.vocab import vocab_from_header
+    from llamaspec.gguf.vocab import vocab_from_header
 
     header = read_model_header(ref)
     vocab = vocab_from_header(header)

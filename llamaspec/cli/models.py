@@ -70,7 +70,7 @@ def _pull_draft(draft: str, target, *, offline: bool, update: bool, out) -> dict
         d = hub.pull(draft, update=update, offline=offline)
         out.info("draft " + _pull_line(d))
         return {"kind": "draft", "source": "explicit", **d.to_dict()}
-    from llamaspec import autodraft
+    from llamaspec.pairing import autodraft
 
     # Headers only (the target is local now); the registry step downloads its draft via hub.
     choice = autodraft.choose_draft(str(target.path), offline=offline)
@@ -104,8 +104,8 @@ def models_cmd(
 
 def _describe(entry) -> dict:
     from llamaspec.errors import LlamaspecError
-    from llamaspec.gguf_header import read_file
-    from llamaspec.vocab import vocab_from_header
+    from llamaspec.gguf.header import read_file
+    from llamaspec.gguf.vocab import vocab_from_header
 
     row = {"ref": entry.ref, "repo": entry.repo_id, "file": entry.file, "commit": entry.commit,
            "refs": list(entry.refs), "path": str(entry.path), "size": entry.size, "parts": entry.parts}

@@ -58,7 +58,7 @@ def _render_verdict(v: dict, console) -> None:
     t.add_column("rule")
     t.add_column("result")
     t.add_column("detail", overflow="fold")
-    from llamaspec.compat import RULE_TITLES
+    from llamaspec.pairing.compat import RULE_TITLES
 
     for r in v["rules"]:
         mark = "[green]pass[/green]" if r["passed"] else "[red]FAIL[/red]"
@@ -87,7 +87,7 @@ def check_cmd(
     verbose: VerboseOpt = False,
 ) -> None:
     """Check whether DRAFT can draft for MAIN by llama.cpp's vocabulary rules (exit 0 yes, 1 no)."""
-    from llamaspec.compat import check_refs
+    from llamaspec.pairing.compat import check_refs
 
     out = setup_output(json, quiet, verbose)
     verdict = check_refs(main, draft, offline=offline)
@@ -105,10 +105,13 @@ def check_cmd(
 
 def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: bool, show_all: bool) -> dict:
     """Everything `pair` prints, as plain data."""
-    from llamaspec import autodraft, discovery, hub, registry
-    from llamaspec.compat import describe
+    from llamaspec import hub
+    from llamaspec.pairing import autodraft
+    from llamaspec.pairing import discovery
+    from llamaspec.pairing import registry
+    from llamaspec.pairing.compat import describe
     from llamaspec.errors import LlamaspecError
-    from llamaspec.vocab import vocab_from_header
+    from llamaspec.gguf.vocab import vocab_from_header
 
     header = hub.read_model_header(model, offline=offline)
     vocab = vocab_from_header(header)

@@ -13,7 +13,7 @@ from llamaspec.cli.app import (
     JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
     ngram_params, read_prompt_file, setup_output,
 )
-from llamaspec.cpu_policy import AMX_HELP
+from llamaspec.runtime.cpu import AMX_HELP
 from llamaspec.errors import UsageError
 
 _SPEC_HELP = ("Speculative types, comma list: none, draft, ngram-simple, ngram-mod, mtp "
@@ -92,11 +92,11 @@ def run(
                   draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min)
     ngram = ngram_params(ngram_size_n, ngram_size_m, ngram_mod_match, ngram_mod_min, ngram_mod_max)
 
-    from llamaspec.pipeline import SpecOptions, load_pipeline
-    from llamaspec.report import generation_dict, render_stats
-    from llamaspec.resolve import resolve
-    from llamaspec.runtime import set_llama_log
-    from llamaspec.verify import SamplingParams
+    from llamaspec.spec.pipeline import SpecOptions, load_pipeline
+    from llamaspec.cli._report import generation_dict, render_stats
+    from llamaspec.cli._resolve import resolve
+    from llamaspec.runtime.llama import set_llama_log
+    from llamaspec.spec.verify import SamplingParams
 
     set_llama_log(verbose)
     r = resolve(model, draft, spec_type, offline=offline, force_draft=force_draft, search=search or [])
@@ -110,7 +110,7 @@ def run(
                        n_ctx=ctx_size, n_threads=threads, n_gpu_layers=ngl, n_gpu_layers_draft=ngld,
                        ngram=ngram, amx=amx)
     out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")
-    from llamaspec.runtime_info import buffer_decision
+    from llamaspec.runtime.info import buffer_decision
 
     out.detail(buffer_decision(amx).reason)
     pipe = load_pipeline(r.target_path, opts, sampling)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamaspec import output
-from llamaspec.gguf_header import GGUFHeader, read_file
+from llamaspec.cli import _output as output
+from llamaspec.gguf.header import GGUFHeader, read_file
 from llamaspec.hub.cache import CacheEntry, cache_dir, find_cached, list_cached_ggufs
 from llamaspec.hub.refs import HubRef, classify, is_hub_ref, parse_ref
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from llamaspec import output
+from llamaspec.cli import _output as output
 from llamaspec.errors import HubError
 from llamaspec.hub import cache
 from llamaspec.hub.failures import endpoint, hub_errors

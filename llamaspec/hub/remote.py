@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from llamaspec.errors import HubError
-from llamaspec.gguf_header import GGUFHeader, read_header
+from llamaspec.gguf.header import GGUFHeader, read_header
 from llamaspec.hub.failures import endpoint, hub_errors, network_down, not_cached_offline
 from llamaspec.hub.refs import HubRef
 

@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from llamaspec.bundled import package_dir
+from llamaspec.hub.bundled import package_dir
 
 CACHE_ENV = "LLAMASPEC_TEST_MODELS"
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from llamaspec.drafters.base import Drafter
-from llamaspec.drafters.chain import ChainDrafter
+from llamaspec.spec.drafters.base import Drafter
+from llamaspec.spec.drafters.chain import ChainDrafter
 from llamaspec.errors import UsageError
 
 if TYPE_CHECKING:
-    from llamaspec.pipeline import SpecOptions
-    from llamaspec.runtime import Context, Model
-    from llamaspec.verify import SamplingParams
+    from llamaspec.spec.pipeline import SpecOptions
+    from llamaspec.runtime.llama import Context, Model
+    from llamaspec.spec.verify import SamplingParams
 
 #: the types this build implements, in the words `--spec-type` accepts
 SUPPORTED = ("none", "draft-simple", "draft-mtp", "ngram-simple", "ngram-mod")
@@ -29,22 +29,22 @@ class Built:
 
 
 def _ngram_simple(opts, target, ctx, sampling) -> Built:
-    from llamaspec.drafters.ngram import NgramSimpleDrafter
+    from llamaspec.spec.drafters.ngram import NgramSimpleDrafter
 
     return Built(NgramSimpleDrafter(size_n=opts.ngram.simple_size_n, size_m=opts.ngram.simple_size_m))
 
 
 def _ngram_mod(opts, target, ctx, sampling) -> Built:
-    from llamaspec.drafters.ngram import NgramModDrafter
+    from llamaspec.spec.drafters.ngram import NgramModDrafter
 
     g = opts.ngram
     return Built(NgramModDrafter(n_match=g.mod_n_match, n_min=g.mod_n_min, n_max=g.mod_n_max))
 
 
 def _draft_model(opts, target, ctx, sampling) -> Built:
-    from llamaspec.drafters.model import ModelDrafter
-    from llamaspec.runtime import Context as Ctx, ContextConfig, Model
-    from llamaspec.verify import target_distribution
+    from llamaspec.spec.drafters.model import ModelDrafter
+    from llamaspec.runtime.llama import Context as Ctx, ContextConfig, Model
+    from llamaspec.spec.verify import target_distribution
 
     if opts.draft_path is None:
         raise UsageError("--spec-type draft needs a draft model", "pass --draft PATH (or --draft auto)")
@@ -61,7 +61,7 @@ def _draft_model(opts, target, ctx, sampling) -> Built:
 
 
 def _mtp(opts, target, ctx, sampling) -> Built:
-    from llamaspec.drafters.mtp import MtpDrafter
+    from llamaspec.spec.drafters.mtp import MtpDrafter
 
     return Built(MtpDrafter(target, ctx, p_min=opts.draft_p_min))
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from llamaspec.compat import MAX_SIZE_DIFFERENCE, Verdict, check_headers
+from llamaspec.pairing.compat import MAX_SIZE_DIFFERENCE, Verdict, check_headers
 from llamaspec.errors import LlamaspecError
-from llamaspec.gguf_header import GGUFHeader, TensorInfo, read_file
-from llamaspec.vocab import VOCAB_TYPES, VocabInfo, vocab_from_header
+from llamaspec.gguf.header import GGUFHeader, TensorInfo, read_file
+from llamaspec.gguf.vocab import VOCAB_TYPES, VocabInfo, vocab_from_header
 
 GGUF_MAGIC = b"GGUF"
 _MAX_DEPTH = 8

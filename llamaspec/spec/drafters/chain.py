@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from llamaspec.drafters.base import Draft, Drafter
+from llamaspec.spec.drafters.base import Draft, Drafter
 
 __all__ = ["PRIORITY", "ALIASES", "canonical_name", "order_by_priority", "ChainDrafter"]
 

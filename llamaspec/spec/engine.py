@@ -25,11 +25,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from llamaspec.controller import CostModel, DraftLengthController
-from llamaspec.drafters.base import Draft, Drafter
-from llamaspec.runtime import Context, DecodeClock, Model, Utf8Stream
-from llamaspec.stats import SpecStats
-from llamaspec.verify import (
+from llamaspec.spec.controller import CostModel, DraftLengthController
+from llamaspec.spec.drafters.base import Draft, Drafter
+from llamaspec.runtime.llama import Context, DecodeClock, Model, Utf8Stream
+from llamaspec.spec.metrics import SpecStats
+from llamaspec.spec.verify import (
     SamplingParams,
     sample_token,
     step_sampler,

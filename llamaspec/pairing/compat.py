@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llamaspec.gguf_header import GGUFHeader
-from llamaspec.vocab import VocabInfo, vocab_from_header
+from llamaspec.gguf.header import GGUFHeader
+from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
 
 MAX_SIZE_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 CHECK_START_TOKEN_ID = 5   # SPEC_VOCAB_CHECK_START_TOKEN_ID
@@ -262,7 +262,7 @@ def check_headers(target: GGUFHeader, draft: GGUFHeader, *, target_vocab: VocabI
 
 def check_files(target_path, draft_path) -> Verdict:
     """The verdict for two local GGUF files (headers only)."""
-    from llamaspec.gguf_header import read_file
+    from llamaspec.gguf.header import read_file
 
     return check_headers(read_file(target_path), read_file(draft_path))
 
@@ -273,7 +273,8 @@ def check_refs(target_ref: str, draft_ref: str, *, offline: bool = False) -> Ver
     A local draft whose token bytes equal the target's reuses the target's decoded texts
     (discovery.light_header): the same result as a full parse, at a fraction of the time.
     """
-    from llamaspec import discovery, hub
+    from llamaspec import hub
+    from llamaspec.pairing import discovery
 
     target = hub.read_model_header(target_ref, offline=offline)
     draft = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llamaspec.engine import Generation
+from llamaspec.spec.engine import Generation
 
 
 def generation_dict(gen: Generation, *, spec_type: str, draft_model: str | None, model: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 
-from llamaspec.gguf_header import GGUFHeader
+from llamaspec.gguf.header import GGUFHeader
 
 # tokenizer.ggml.model -> llama_vocab_type name
 VOCAB_TYPES = {

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from llamaspec.drafters.base import Drafter
-from llamaspec.drafters.chain import order_by_priority
-from llamaspec.engine import GenerationConfig, SpecEngine
+from llamaspec.spec.drafters.base import Drafter
+from llamaspec.spec.drafters.chain import order_by_priority
+from llamaspec.spec.engine import GenerationConfig, SpecEngine
 from llamaspec.errors import UsageError
-from llamaspec.runtime import Context, ContextConfig, Model
-from llamaspec.verify import SamplingParams
+from llamaspec.runtime.llama import Context, ContextConfig, Model
+from llamaspec.spec.verify import SamplingParams
 
 
 @dataclass
@@ -117,7 +117,7 @@ class Pipeline:
 def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingParams | None = None,
                   target: Model | None = None) -> Pipeline:
     """Load the target (unless given) and build the drafter for `options.spec_types`."""
-    from llamaspec.drafters.factory import build_drafter
+    from llamaspec.spec.drafters.factory import build_drafter
 
     if target is None:
         target = Model(target_path, n_gpu_layers=options.n_gpu_layers,

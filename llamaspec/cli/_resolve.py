@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from llamaspec.errors import UsageError
-from llamaspec.pipeline import parse_spec_types
+from llamaspec.spec.pipeline import parse_spec_types
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Resolved:
 
 
 def default_target() -> str:
-    from llamaspec.bundled import bundled_model
+    from llamaspec.hub.bundled import bundled_model
 
     path = bundled_model()
     if path is None:
@@ -56,7 +56,7 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
             r.draft_max = int(draft)
             r.notes.append(f"--draft {draft} read as --draft-max {draft} (llama.cpp's old flag)")
         else:
-            from llamaspec.autodraft import check_explicit_draft
+            from llamaspec.pairing.autodraft import check_explicit_draft
 
             # Headers first (ranged reads for Hub refs): an incompatible draft is refused before
             # anything is downloaded.
@@ -71,7 +71,7 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
 
 
 def _auto(r: Resolved, search: Sequence[Path], offline: bool) -> None:
-    from llamaspec.autodraft import choose_draft
+    from llamaspec.pairing.autodraft import choose_draft
 
     choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline)
     r.notes.append(f"--draft auto: {choice.reason}")

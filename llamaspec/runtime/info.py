@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamaspec import cpu_policy
+from llamaspec.runtime import cpu as cpu_policy
 
 # ggml_backend_dev_type
 _DEV_TYPES = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL"}
@@ -217,7 +217,7 @@ def repack_supported(ggml_type: int, ne0: int, ne1: int) -> bool:
     The same question llama-model-loader.cpp's weight_buft_supported asks: a mul_mat of the weight
     with a [ne0, 512] F32 batch, the weight in an empty CPU_REPACK buffer, put to the CPU device.
     """
-    from llamaspec.gguf_header import GGML_TYPES
+    from llamaspec.gguf.header import GGML_TYPES
 
     buft = dict(cpu_extra_bufts()).get(cpu_policy.REPACK_BUFT)
     if not buft or ggml_type not in GGML_TYPES or ne0 <= 0 or ne1 <= 0:
@@ -247,7 +247,7 @@ def repack_supported(ggml_type: int, ne0: int, ne1: int) -> bool:
 
 def _headers(path: Path) -> list:
     """GGUF headers of a model and, when it is split, of its other parts (name-00001-of-00003.gguf)."""
-    from llamaspec.gguf_header import read_file
+    from llamaspec.gguf.header import read_file
 
     first = read_file(path)
     n = int(first.get("split.count", 0) or 0)

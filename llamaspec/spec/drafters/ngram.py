@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from llamaspec.drafters.base import Draft, Drafter
+from llamaspec.spec.drafters.base import Draft, Drafter
 
 __all__ = [
     "LCG_MULTIPLIER",

@@ -42,10 +42,10 @@ import numpy as np
 import llama_cpp
 import llama_cpp.llama_cpp_ext as llama_ext
 
-from llamaspec import runtime
-from llamaspec.drafters.base import Draft, Drafter
+from llamaspec.runtime import llama as runtime
+from llamaspec.spec.drafters.base import Draft, Drafter
 from llamaspec.errors import ModelLoadError, UsageError
-from llamaspec.runtime import Context, ContextConfig, Model
+from llamaspec.runtime.llama import Context, ContextConfig, Model
 
 TOP_K = 10  # llama.cpp's MTP draft sampler: top-k 10, then the first candidate
 

@@ -39,9 +39,9 @@ def default_pairings_dir() -> Path:
     env = os.environ.get("LLAMASPEC_PAIRINGS")
     if env:
         return Path(env).expanduser()
-    here = Path(__file__).resolve().parent
-    checkout = here.parent / "pairings"
-    return checkout if checkout.is_dir() else here / "pairings"
+    package = Path(__file__).resolve().parents[1]  # llamaspec/
+    checkout = package.parent / "pairings"
+    return checkout if checkout.is_dir() else package / "pairings"
 
 
 # ---- records -----------------------------------------------------------------------------------

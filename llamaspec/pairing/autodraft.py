@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from llamaspec import compat, discovery
-from llamaspec.compat import Verdict
+from llamaspec.pairing import compat
+
+from llamaspec.pairing import discovery
+from llamaspec.pairing.compat import Verdict
 from llamaspec.errors import HubError, IncompatiblePairError, LlamaspecError
-from llamaspec.gguf_header import GGUFHeader, read_file
-from llamaspec.vocab import VocabInfo, vocab_from_header
+from llamaspec.gguf.header import GGUFHeader, read_file
+from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
 
 # A draft costing more than this fraction of the target per token rarely pays off (file size is
 # the cost proxy: decoding is memory-bound).
@@ -151,7 +153,8 @@ def _package_file(spec: str | None, file: str | None) -> Path | None:
 
 def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allow_download: bool,
                     dry_run: bool, notes: list[str]) -> DraftChoice | None:
-    from llamaspec import hub, registry
+    from llamaspec import hub
+    from llamaspec.pairing import registry
 
     try:
         reg = registry.load_registry()
@@ -290,7 +293,7 @@ def check_explicit_draft(target: str, draft: str, force: bool = False, *, offlin
             "use a draft with the same tokenizer (`llamaspec pair TARGET` lists them), "
             "or --force-draft to try anyway",
         )
-    from llamaspec import output
+    from llamaspec.cli import _output as output
 
     output.current().warn(f"forced an incompatible draft ({verdict.reason}); llama.cpp would refuse this pair. "
                           "Output stays the target's own, but expect few accepted tokens")

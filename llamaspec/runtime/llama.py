@@ -77,7 +77,7 @@ class Model:
                  amx: bool | None = None, buffers=None):
         """amx: --amx (True) / --no-amx (False) / None (LLAMASPEC_AMX, else the default policy).
         buffers: a cpu_policy.BufferDecision to apply instead of deciding (tests, scripts)."""
-        from llamaspec.runtime_info import apply_buffer_policy
+        from llamaspec.runtime.info import apply_buffer_policy
 
         self.path = Path(path)
         params = llama_cpp.llama_model_default_params()
@@ -86,7 +86,7 @@ class Model:
             params.load_mtp = True
         self.load_mtp = bool(load_mtp)  # NextN/MTP tensors loaded (an MTP context needs them)
         if not self.path.is_file():
-            from llamaspec.gguf_header import read_file
+            from llamaspec.gguf.header import read_file
 
             read_file(self.path)  # raises the precise "not found" / "is a directory" error
         # CPUs with AMX: load without llama.cpp's AMX weight buffer (it crashes on quantized
@@ -96,7 +96,7 @@ class Model:
         _LOG_TAIL.clear()
         self.ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
-            from llamaspec.gguf_header import read_file
+            from llamaspec.gguf.header import read_file
 
             read_file(self.path)  # a missing, truncated or non-GGUF file gets its own message
             why = _last_log_error()

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
-    from llamaspec.pipeline import NgramParams
-    from llamaspec.runtime import Model
+    from llamaspec.spec.pipeline import NgramParams
+    from llamaspec.runtime.llama import Model
 
 PLAIN = "plain"
 NATIVE_PREFIX = "native "
@@ -196,8 +196,8 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 def run_mode(target: "Model", spec: str, prompt: Sequence[int], settings: BenchSettings,
              label: str | None = None) -> RepResult:
     """One greedy generation of `spec` ("none" = plain) on an already loaded target."""
-    from llamaspec.pipeline import SpecOptions, load_pipeline, parse_spec_types
-    from llamaspec.verify import SamplingParams
+    from llamaspec.spec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+    from llamaspec.spec.verify import SamplingParams
 
     types = parse_spec_types(spec)
     opts = SpecOptions(spec_types=types, draft_path=settings.draft_path, n_ctx=settings.ctx,
@@ -240,13 +240,13 @@ def native_exe(bin_dir: Path) -> Path | None:
 
 
 def native_type(spec: str) -> str:
-    from llamaspec.pipeline import parse_spec_types
+    from llamaspec.spec.pipeline import parse_spec_types
 
     return ",".join(parse_spec_types(spec)) or "none"
 
 
 def native_command(bin_dir: Path, model: Path, spec: str, prompt_file: Path, settings: BenchSettings) -> list[str]:
-    from llamaspec.runtime import default_threads
+    from llamaspec.runtime.llama import default_threads
 
     exe = native_exe(bin_dir) or Path(bin_dir) / NATIVE_EXE
     kind = native_type(spec)
@@ -255,7 +255,7 @@ def native_command(bin_dir: Path, model: Path, spec: str, prompt_file: Path, set
     if "draft-simple" in kind.split(","):
         cmd += ["-md", str(settings.draft_path), "--spec-draft-n-max", str(settings.native_draft_max)]
     if "ngram" in kind:  # the same n-gram settings as our run, so the comparison is like for like
-        from llamaspec.pipeline import NgramParams
+        from llamaspec.spec.pipeline import NgramParams
 
         cmd += (settings.ngram or NgramParams()).native_flags()
     return cmd

@@ -1,0 +1,1 @@
+"""The speculative loop: engine, verification, adaptive draft length, metrics, drafters, pipeline, bench."""
