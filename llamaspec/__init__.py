@@ -1,3 +1,5 @@
 """llamaspec: speculative decoding for local GGUF models, on llama.cpp via llama-cpp-python."""
 
-__version__ = "0.1.0"
+from llamaspec._version import __version__
+
+__all__ = ["__version__"]

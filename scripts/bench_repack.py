@@ -28,7 +28,8 @@ from time import perf_counter
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llamaspec.runtime import cpu as cpu_policy  # noqa: E402
-from llamaspec.runtime.llama import Context, ContextConfig, Model  # noqa: E402
+from llamaspec.runtime.llama import Model  # noqa: E402
+from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.info import cpu_facts, repack_weights  # noqa: E402
 
 CONFIGS = ("repack", "no-repack", "amx-policy")

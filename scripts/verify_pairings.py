@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from llamaspec.pairing import compat  # noqa: E402
 
-from llamaspec.pairing import registry
+from llamaspec.pairing import registry, registry_schema  # noqa: E402
 from llamaspec.errors import LlamaspecError, RegistryError  # noqa: E402
 from llamaspec.gguf.header import GGUFHeader, read_file  # noqa: E402
 from llamaspec.gguf.vocab import vocab_from_header  # noqa: E402
@@ -49,12 +49,12 @@ class Headers:
         self.local, self.hub, self.offline = local, hub, offline
         self.cache: dict[str, tuple[GGUFHeader | None, str]] = {}
 
-    def get(self, m: registry.Model) -> tuple[GGUFHeader | None, str]:
+    def get(self, m: registry.RegistryModel) -> tuple[GGUFHeader | None, str]:
         if m.id not in self.cache:
             self.cache[m.id] = self._find(m)
         return self.cache[m.id]
 
-    def _find(self, m: registry.Model) -> tuple[GGUFHeader | None, str]:
+    def _find(self, m: registry.RegistryModel) -> tuple[GGUFHeader | None, str]:
         for key in (m.id, m.ref, m.repo):
             if key and key in self.local:
                 try:
@@ -95,7 +95,7 @@ def _add_facts(tok: dict, header: GGUFHeader) -> bool:
 
 def verify_family(path: Path, headers: Headers, *, today: str, write: bool) -> list[dict]:
     fam = registry.load_family_file(path)  # validates first: never rewrite a broken file
-    data = registry.plain(registry.read_yaml(path))
+    data = registry_schema.plain(registry_schema.read_yaml(path))
     results: list[dict] = []
     changed = False
     for i, pair in enumerate(fam.pairs):
@@ -130,11 +130,11 @@ def verify_family(path: Path, headers: Headers, *, today: str, write: bool) -> l
         row.update(new=status, reason=verdict.reason)
         results.append(row)
     if changed and write:
-        text = registry.dump_family(data)
+        text = registry_schema.dump_family(data)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
         try:
-            registry.validate_family(registry.read_yaml(tmp), path)  # validate before replacing
+            registry.validate_family(registry_schema.read_yaml(tmp), path)  # validate before replacing
         except RegistryError:
             tmp.unlink()
             raise

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from llamaspec.spec.pipeline import SpecOptions, load_pipeline, parse_spec_types
-from llamaspec.runtime.llama import Context, ContextConfig, Model
+from llamaspec.spec.options import SpecOptions, parse_spec_types
+from llamaspec.spec.pipeline import load_pipeline
+from llamaspec.runtime.llama import Model
+from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.spec.verify import SamplingParams
 
 # The benchmark's code-rewrite prompt: a model rewriting a file copies most of it.

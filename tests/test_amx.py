@@ -218,7 +218,8 @@ def test_without_amx_loads_are_unchanged(tiny_models, capture_load, monkeypatch)
 
 
 def test_draft_model_follows_the_target_choice(tiny_models, simulated_amx):
-    from llamaspec.spec.pipeline import SpecOptions, load_pipeline
+    from llamaspec.spec.options import SpecOptions
+    from llamaspec.spec.pipeline import load_pipeline
     from llamaspec.runtime.llama import Model
 
     opts = SpecOptions(spec_types=["draft-simple"], draft_path=tiny_models["draft"], n_ctx=256, n_threads=1,
@@ -238,7 +239,7 @@ def test_draft_model_follows_the_target_choice(tiny_models, simulated_amx):
 
 
 def _decode_rows(model, tokens):
-    from llamaspec.runtime.llama import Context, ContextConfig
+    from llamaspec.runtime.context import Context, ContextConfig
 
     ctx = Context(model, ContextConfig(n_ctx=256, n_batch=64, n_threads=2))
     try:

@@ -193,7 +193,7 @@ def test_plain_is_best_when_nothing_beats_it():
 def test_native_runs_get_the_same_ngram_settings(tmp_path):
     """A side-by-side comparison is like for like: native llama.cpp gets our n-gram settings."""
     from llamaspec.spec.bench import BenchSettings, native_command
-    from llamaspec.spec.pipeline import NgramParams
+    from llamaspec.spec.options import NgramParams
 
     settings = BenchSettings(threads=1, ngram=NgramParams(simple_size_n=9, mod_n_match=7))
     cmd = native_command(tmp_path, tmp_path / "m.gguf", "ngram-simple,ngram-mod", tmp_path / "p.txt", settings)

@@ -7,9 +7,10 @@ import doctest
 import numpy as np
 import pytest
 
-from llamaspec.spec.drafters import chain as chain_mod
+from llamaspec.errors import UsageError
+from llamaspec.spec import options
 from llamaspec.spec.drafters import ChainDrafter, Draft, Drafter, NgramModDrafter, NgramSimpleDrafter
-from llamaspec.spec.drafters.chain import PRIORITY, canonical_name, order_by_priority
+from llamaspec.spec.options import PRIORITY, SPEC_TYPES, canonical_name, order_by_priority, parse_spec_types
 
 
 class Fake(Drafter):
@@ -37,12 +38,17 @@ class Fake(Drafter):
 
 
 def test_docstring_examples():
-    assert doctest.testmod(chain_mod).failed == 0
+    result = doctest.testmod(options)
+    assert result.failed == 0 and result.attempted > 0
 
 
 def test_priority_is_llama_cpp_order():
     assert PRIORITY[:5] == ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
     assert PRIORITY[5:] == ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+    assert list(SPEC_TYPES) == ["none", *PRIORITY]  # the table is written in that order
+    # every implemented type that drafts has a builder in the factory, and nothing else does
+    from llamaspec.spec.drafters.factory import _BUILDERS
+    assert set(_BUILDERS) == {t.name for t in SPEC_TYPES.values() if t.implemented and t.name != "none"}
 
 
 def test_order_by_priority_and_aliases():
@@ -52,6 +58,12 @@ def test_order_by_priority_and_aliases():
     assert canonical_name("Draft") == "draft-simple"
     with pytest.raises(ValueError, match="unknown speculative type 'ngram'"):
         canonical_name("ngram")
+    # usage errors: an unknown type lists the known ones; a known one llamaspec lacks says so
+    with pytest.raises(UsageError, match="unknown speculative type 'nope'; known: none, ngram-simple"):
+        parse_spec_types("ngram-mod,nope")
+    with pytest.raises(UsageError, match="'ngram-map-k' is not implemented by llamaspec yet") as e:
+        parse_spec_types(["ngram-map-k", "draft"])
+    assert e.value.hint == "use one of: none, ngram-simple, ngram-mod, draft-simple, draft-mtp"
 
 
 def test_first_non_empty_draft_wins_and_names_its_source():

@@ -10,7 +10,9 @@ import pytest
 from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
 from llamaspec.spec.drafters.base import Draft, Drafter
 from llamaspec.spec.engine import GenerationConfig, SpecEngine, StopStrings
-from llamaspec.runtime.llama import Context, ContextConfig, Model
+from llamaspec.spec.options import MAX_DRAFT
+from llamaspec.runtime.llama import Model
+from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.spec.verify import SamplingParams
 
 SPEC_TYPES = ["ngram-simple", "ngram-mod", "draft", "draft,ngram-simple"]
@@ -187,7 +189,8 @@ def test_seeded_production_pipeline_matches_target_distribution(tiny_models, cas
     S = 0..N-1, a fresh pipeline each (as `run` builds it): the sequences have the
     target's exact distribution (chi-square against the enumerated joint of 4 tokens)."""
     from llamaspec.cli.run import _prompt_tokens
-    from llamaspec.spec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+    from llamaspec.spec.options import SpecOptions, parse_spec_types
+    from llamaspec.spec.pipeline import load_pipeline
 
     target_name, p_min = PRODUCTION_CASES[case]
     target = Model(tiny_models[target_name])
@@ -224,7 +227,8 @@ def test_seeded_production_pipeline_matches_target_distribution(tiny_models, cas
 
 def test_one_seed_one_output_on_a_reused_pipeline(tiny_models):
     """A pipeline serving several prompts (batch, the Python API) gives one output per seed."""
-    from llamaspec.spec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+    from llamaspec.spec.options import SpecOptions, parse_spec_types
+    from llamaspec.spec.pipeline import load_pipeline
 
     sp = SamplingParams(temperature=0.9, seed=42)
     opts = SpecOptions(spec_types=parse_spec_types("draft"), draft_path=tiny_models["draft"], n_threads=1)
@@ -351,7 +355,7 @@ def test_verify_batch_longer_than_n_batch(tiny_target, wrong_at):
     finally:
         ctx.close()
     assert got.tokens == plain.tokens and len(got.tokens) == n
-    assert oracle.longest == ctx.n_batch - 1 == 511  # capped: [last] + draft fills one batch
+    assert oracle.longest == ctx.n_batch - 1 == 511 == MAX_DRAFT  # capped: [last] + draft fills one batch
     s = got.stats
     if wrong_at is None:
         assert s.accepted == s.drafted

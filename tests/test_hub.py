@@ -9,13 +9,15 @@ from __future__ import annotations
 import errno
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from hub_server import OTHER_TOKEN, TOKEN, big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures
 from llamaspec import hub as H
-from llamaspec.errors import HubError, UsageError, explain
+from llamaspec.cli._errors import explain
+from llamaspec.errors import HubError, UsageError
 from llamaspec.gguf.header import read_file
 from llamaspec.hub import cache, download, remote, select
 from llamaspec.hub.refs import HubRef, classify, parse_ref
@@ -243,11 +245,20 @@ def test_interrupted_pull_fails_fast_and_the_next_one_resumes(hub, hub_home):
 
     hub.down = False
     hub.reset()
-    pulled = H.pull("org/main:Q8_0")
+    reports = []
+
+    @contextmanager
+    def progress():  # what the CLI's bar gets: (file, bytes done, bytes total), from the resume point
+        yield lambda *report: reports.append(report)
+
+    pulled = H.pull("org/main:Q8_0", progress=progress)
     gets = file_gets(hub, "main-Q8_0")
     assert [g.range for g in gets] == ["bytes=300000-"]
     assert gets[0].sent == pulled.size - 300_000 == pulled.downloaded
     assert not partial[0].exists()
+    label = "org/main/main-Q8_0.gguf"
+    assert reports[0] == (label, 300_000, pulled.size) and reports[-1] == (label, pulled.size, pulled.size)
+    assert [done for _, done, _ in reports] == sorted(done for _, done, _ in reports)
 
 
 def test_partial_file_of_a_different_version_is_discarded(hub, hub_home):

@@ -76,6 +76,10 @@ def test_inspect_reads_a_hub_header(hub, hub_home, run_cli_subprocess):
     assert r.exit_code == 0, r.stderr
     assert r.json()["vocab"]["size"] == 150_000
     assert file_bytes(hub, "big-F32") < r.json()["file_size"] / 5
+    assert "ranged request" not in r.stderr
+    v = run_cli_subprocess("inspect", "org/big", "-v", env=hub_home)
+    assert v.exit_code == 0 and "big-F32.gguf: header read from the Hub with " in v.stderr  # the Hub's log, -v
+    assert f" of {r.json()['file_size']:,} bytes" in v.stderr
 
 
 def test_run_accepts_hub_refs(hub, hub_home, run_cli_subprocess):
@@ -87,9 +91,11 @@ def test_run_accepts_hub_refs(hub, hub_home, run_cli_subprocess):
     assert r.json()["n_generated"] == 8
     assert "downloading org/main/main-Q8_0.gguf" in r.stderr and "downloading org/draft/draft-Q4_K_M.gguf" in r.stderr
     hub.reset()
-    again = run_cli_subprocess(*args, env=hub_home)
+    again = run_cli_subprocess(*args, "-v", env=hub_home)
     assert again.exit_code == 0 and again.json()["tokens"] == r.json()["tokens"]
     assert hub.count() == 0  # both models come from the cache
+    assert "org/main:Q8_0 -> " in again.stderr and "main-Q8_0.gguf (cached)" in again.stderr  # the Hub's log, -v
+    assert "downloading" not in again.stderr and " -> " not in r.stderr
 
 
 # ---- pull details (in-process) ----------------------------------------------------------------------
@@ -134,18 +140,17 @@ def test_pull_uses_the_token_from_the_environment(hub, hub_home, run_cli, monkey
 
 
 def test_progress_bars_only_on_a_terminal(hub, hub_home, monkeypatch, tiny_models):
+    """The Hub reports a download to a callback; the CLI's draws a bar at a terminal, else a line."""
     from llamaspec import hub as H
 
     buf = io.StringIO()
     tty = output.Output(stderr=Console(file=buf, force_terminal=True, width=100))
-    monkeypatch.setattr(output, "_current", tty)
-    H.pull("org/main:Q8_0")
+    H.pull("org/main:Q8_0", progress=tty.download_progress)
     assert "main-Q8_0.gguf" in buf.getvalue() and "━" in buf.getvalue()  # a Rich bar
 
     buf = io.StringIO()
     plain = output.Output(stderr=Console(file=buf, force_terminal=False, width=100))
-    monkeypatch.setattr(output, "_current", plain)
-    H.pull("org/draft:Q8_0")
+    H.pull("org/draft:Q8_0", progress=plain.download_progress)
     size = human_size(tiny_models["draft"].stat().st_size + 32)
     assert buf.getvalue() == f"downloading org/draft/draft-Q8_0.gguf ({size})\n"
 
@@ -155,6 +160,7 @@ def test_pull_explicit_draft(hub, hub_home, run_cli):
     assert r.exit_code == 0, r.stderr
     d = r.json()["draft"]
     assert d["source"] == "explicit" and Path(d["path"]).name == "draft-Q4_K_M.gguf"
+    assert d["kind"] == "draft-simple"  # llama.cpp's spec-type name, as `pair --json` reports it
 
 
 def test_pull_draft_auto_pulls_the_registry_draft(hub, hub_home, run_cli_subprocess, tiny_models, tmp_path):
@@ -195,6 +201,7 @@ pairs:
     assert r.exit_code == 0, r.stderr
     data = r.json()
     assert data["draft"]["source"] == "registry" and data["draft"]["label"] == "org/draft:Q4_K_M"
+    assert data["draft"]["kind"] == "draft-simple"
     draft_path = Path(data["draft"]["path"])
     assert draft_path.name == "draft-Q4_K_M.gguf" and draft_path.is_file()
     assert draft_path.is_relative_to(Path(hub_home["HF_HUB_CACHE"]))

@@ -21,8 +21,10 @@ from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
 from llamaspec.spec.drafters.mtp import MtpDrafter
 from llamaspec.spec.engine import GenerationConfig, SpecEngine
 from llamaspec.errors import UsageError
-from llamaspec.spec.pipeline import SpecOptions, load_pipeline
-from llamaspec.runtime.llama import Context, ContextConfig, Model
+from llamaspec.spec.options import SpecOptions
+from llamaspec.spec.pipeline import load_pipeline
+from llamaspec.runtime.llama import Model
+from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.spec.verify import SamplingParams
 
 

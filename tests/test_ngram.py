@@ -9,18 +9,17 @@ import time
 import numpy as np
 import pytest
 
-from llamaspec.spec.drafters import ngram
-from llamaspec.spec.drafters.ngram import (
+from llamaspec.spec.drafters import ngram_mod, ngram_simple
+from llamaspec.spec.drafters.ngram_mod import (
     EMPTY,
     LCG_MULTIPLIER,
     NGRAM_MOD_POOL_SIZE,
     NgramModDrafter,
     NgramModPool,
-    NgramSimpleDrafter,
     ngram_mod_draft,
     ngram_mod_hash,
-    ngram_simple_draft,
 )
+from llamaspec.spec.drafters.ngram_simple import NgramSimpleDrafter, ngram_simple_draft
 
 # Golden values printed by a C++ harness compiled against llama.cpp 0c1e570's own
 # common/ngram-mod.cpp (common_ngram_mod::idx/add/get) and common_ngram_simple_draft copied
@@ -56,7 +55,9 @@ def gen(seed: int, n: int, vocab: int) -> list[int]:
 
 
 def test_docstring_examples():
-    assert doctest.testmod(ngram).failed == 0
+    for module in (ngram_simple, ngram_mod):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0
 
 
 # -- hash ------------------------------------------------------------------------------------

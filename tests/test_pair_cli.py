@@ -10,13 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec.pairing import autodraft
-
-from llamaspec.pairing import discovery
-
-from llamaspec.pairing import registry
 from llamaspec.errors import IncompatiblePairError
 from llamaspec.gguf.header import read_file
+from llamaspec.gguf.peek import light_header, peek, target_tokens
+from llamaspec.pairing import autodraft, discovery, registry_schema
 
 from hub_server import big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures: a local test Hub
 
@@ -94,13 +91,13 @@ def test_check_real_pairs(run_cli, smollm2_q4, smollm2_f16, gemma_q4, gemma_f16)
 
 
 def test_peek_reads_only_what_it_needs(tiny_models, tmp_path):
-    pk = discovery.peek(tiny_models["target"])
+    pk = peek(tiny_models["target"])
     h = read_file(tiny_models["target"])
     assert (pk.architecture, pk.tokenizer_model, pk.n_vocab) == ("llama", "gpt2", len(h.metadata["tokenizer.ggml.tokens"]))
-    assert discovery.peek(tiny_models["mtp"]).nextn_predict_layers == 1
+    assert peek(tiny_models["mtp"]).nextn_predict_layers == 1
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 8)  # magic, then garbage
-    assert discovery.peek(junk) is None
+    assert peek(junk) is None
 
 
 def _same_as_full_parse(target_path: Path, cand_path: Path) -> bool | None:
@@ -109,7 +106,7 @@ def _same_as_full_parse(target_path: Path, cand_path: Path) -> bool | None:
     from llamaspec.gguf.vocab import vocab_from_header
 
     target = read_file(target_path)
-    light = discovery.light_header(cand_path, discovery.target_tokens(target))
+    light = light_header(cand_path, target_tokens(target))
     if light is None:
         return None
     full = read_file(cand_path)
@@ -195,7 +192,7 @@ def test_pair_lists_disk_drafts_and_the_auto_choice(run_cli, tiny_models, tmp_pa
     ondisk = {Path(c["path"]).name: c for c in rep["on_disk"]}
     assert ondisk["tiny-draft.gguf"]["compatible"] is True
     assert ondisk["changed.gguf"]["compatible"] is False and "token" in ondisk["changed.gguf"]["reason"]
-    assert rep["auto"]["kind"] == "draft" and rep["auto"]["source"] == "disk"
+    assert rep["auto"]["kind"] == "draft-simple" and rep["auto"]["source"] == "disk"
     assert Path(rep["auto"]["path"]).name == "tiny-draft.gguf"
     assert rep["scanned"]["compatible"] == 1
 
@@ -209,7 +206,7 @@ def test_pair_lists_disk_drafts_and_the_auto_choice(run_cli, tiny_models, tmp_pa
 def test_pair_on_an_mtp_model(run_cli, tiny_models, isolated_home):
     r = run_cli("pair", tiny_models["mtp"], "--json")
     assert r.exit_code == 0
-    assert r.json()["auto"]["kind"] == "mtp" and r.json()["mtp"]["nextn_predict_layers"] == 1
+    assert r.json()["auto"]["kind"] == "draft-mtp" and r.json()["mtp"]["nextn_predict_layers"] == 1
 
 
 @pytest.mark.real
@@ -231,7 +228,7 @@ def test_pair_on_smollm2_finds_its_sibling_and_the_registry(run_cli, smollm2_f16
     statuses = {(p["main"]["id"], p["draft"]["id"]): p["status"] for p in rep["registry"]["pairs"]}
     assert statuses[("smollm2-135m-instruct-f16-local", "smollm2-135m-instruct-pypi-q4_1")] == "verified"
     assert statuses[("smollm2-1.7b-instruct", "smollm2-135m-instruct")] == "unverified"
-    assert rep["auto"]["kind"] == "draft" and rep["auto"]["source"] == "disk"
+    assert rep["auto"]["kind"] == "draft-simple" and rep["auto"]["source"] == "disk"
     assert Path(rep["auto"]["path"]).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert elapsed < 1.0, f"pair took {elapsed:.2f} s"
 
@@ -245,7 +242,7 @@ def test_pair_on_smollm2_finds_its_sibling_and_the_registry(run_cli, smollm2_f16
 
 def test_auto_prefers_built_in_mtp_heads(tiny_models, isolated_home):
     c = autodraft.choose_draft(str(tiny_models["mtp"]), offline=True)
-    assert (c.kind, c.path, c.source) == ("mtp", None, "target")
+    assert (c.kind, c.path, c.source) == ("draft-mtp", None, "target")
 
 
 def test_auto_finds_an_mtp_sidecar(tiny_models, tmp_path, isolated_home):
@@ -255,7 +252,7 @@ def test_auto_finds_an_mtp_sidecar(tiny_models, tmp_path, isolated_home):
     c = autodraft.choose_draft(str(target), offline=True, default_dirs=False)
     assert c.kind == "ngram-mod" and any("MTP sidecar mtp-model-F32.gguf" in n for n in c.considered)
     c = autodraft.choose_draft(str(target), offline=True, mtp_sidecars=True)
-    assert (c.kind, c.path, c.source) == ("mtp", side, "sidecar")
+    assert (c.kind, c.path, c.source) == ("draft-mtp", side, "sidecar")
 
 
 def test_auto_picks_the_smallest_reasonable_disk_draft(tiny_models, tmp_path, isolated_home):
@@ -264,7 +261,7 @@ def test_auto_picks_the_smallest_reasonable_disk_draft(tiny_models, tmp_path, is
     _link(tiny_models["draft"], d / "draft.gguf")                     # compatible, smallest
     _link(tiny_models["variant_token_text"], d / "changed.gguf")      # incompatible
     c = autodraft.choose_draft(str(tiny_models["target"]), search_dirs=[d], offline=True)
-    assert (c.kind, c.source, c.path.name) == ("draft", "disk", "draft.gguf")
+    assert (c.kind, c.source, c.path.name) == ("draft-simple", "disk", "draft.gguf")
     assert c.verdict.compatible and "1 other compatible file passed over" in c.reason
 
 
@@ -286,7 +283,7 @@ def _tiny_registry(directory: Path, draft_entry: dict) -> None:
         "pairs": [{"main": "tiny-target", "draft": "tiny-draft", "status": "unverified", "recommended": True}],
     }
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "tiny.yaml").write_text(registry.dump_family(data))
+    (directory / "tiny.yaml").write_text(registry_schema.dump_family(data))
 
 
 def test_auto_falls_back_to_ngram_offline(tiny_models, tmp_path, isolated_home, monkeypatch):
@@ -317,7 +314,7 @@ def test_auto_downloads_the_registry_draft(tiny_models, tmp_path, isolated_home,
     monkeypatch.setattr(hub_mod, "read_model_header", fake_header)
     monkeypatch.setattr(hub_mod, "resolve_model", fake_resolve)
     c = autodraft.choose_draft(str(tiny_models["target"]))
-    assert (c.kind, c.source, c.path) == ("draft", "registry", tiny_models["draft"])
+    assert (c.kind, c.source, c.path) == ("draft-simple", "registry", tiny_models["draft"])
     assert calls[-2:] == [("header", "test-org/tiny-draft-GGUF:F32"), ("resolve", "test-org/tiny-draft-GGUF:F32")]
     # A registry draft whose real header does not match is never downloaded.
     monkeypatch.setattr(hub_mod, "read_model_header", lambda ref, offline=False: read_file(
@@ -334,7 +331,7 @@ def test_auto_uses_a_registry_draft_from_an_installed_package(tiny_models, tmp_p
     monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(tmp_path / "pairings"))
     _tiny_registry(tmp_path / "pairings", {"package": "tinypkg==1.0", "file": "tinypkg/tiny-draft.gguf"})
     c = autodraft.choose_draft(str(tiny_models["target"]), offline=True)
-    assert (c.kind, c.source, c.path.name) == ("draft", "registry", "tiny-draft.gguf")
+    assert (c.kind, c.source, c.path.name) == ("draft-simple", "registry", "tiny-draft.gguf")
 
 
 def test_check_explicit_draft(tiny_models, capsys, monkeypatch):
@@ -356,7 +353,7 @@ def test_auto_on_real_smollm2(smollm2_f16, smollm2_q4, tmp_path, isolated_home):
     d = tmp_path / "models"
     _link(smollm2_q4, d / "q4.gguf")
     c = autodraft.choose_draft(str(smollm2_f16), search_dirs=[d], offline=True)
-    assert (c.kind, c.source, c.path.name) == ("draft", "disk", "q4.gguf")
+    assert (c.kind, c.source, c.path.name) == ("draft-simple", "disk", "q4.gguf")
     # Nothing on disk and offline: SmolLM2 135M is the family's smallest, so n-gram drafting.
     c = autodraft.choose_draft(str(smollm2_q4), offline=True)
     assert c.kind == "ngram-mod"
@@ -369,13 +366,13 @@ def test_auto_downloads_the_registry_draft_from_the_hub(tiny_models, tmp_path, h
     monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(tmp_path / "pairings"))
     _tiny_registry(tmp_path / "pairings", {"repo": "org/draft", "quant": "Q4_K_M"})
     c = autodraft.choose_draft(str(tiny_models["target"]), default_dirs=False)
-    assert (c.kind, c.source, c.label) == ("draft", "registry", "org/draft:Q4_K_M")
+    assert (c.kind, c.source, c.label) == ("draft-simple", "registry", "org/draft:Q4_K_M")
     assert c.path.name == "draft-Q4_K_M.gguf" and Path(hub_home["HF_HUB_CACHE"]) in c.path.parents
     assert c.verdict.compatible
     # The draft is now in the HF cache: the next resolution finds it on disk, without the Hub.
     hub.stop()
     again = autodraft.choose_draft(str(tiny_models["target"]), offline=True)
-    assert (again.kind, again.source) == ("draft", "disk") and again.path.resolve() == c.path.resolve()
+    assert (again.kind, again.source) == ("draft-simple", "disk") and again.path.resolve() == c.path.resolve()
 
 
 def test_auto_survives_an_unreachable_hub(tiny_models, tmp_path, hub_home, hub, monkeypatch):

@@ -15,7 +15,8 @@ import pytest
 import llamaspec.spec.engine as engine_mod
 from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
 from llamaspec.spec.drafters.model import ModelDrafter
-from llamaspec.runtime.llama import Context, ContextConfig, Model
+from llamaspec.runtime.llama import Model
+from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.spec.metrics import SpecStats
 from llamaspec.testing.tiny_recurrent import GENERATOR_VERSION, make_recurrent_set
 from llamaspec.spec.verify import SamplingParams, target_distribution

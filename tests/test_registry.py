@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llamaspec.pairing import registry
+from llamaspec.pairing import registry, registry_schema
 from llamaspec.errors import RegistryError
 from llamaspec.gguf.header import read_file
 from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
@@ -75,8 +75,8 @@ def test_shipped_verified_pairs_are_the_real_offline_files():
 def test_shipped_files_round_trip_through_the_writer():
     # verify_pairings rewrites files with dump_family: the shipped text must already be in that form.
     for path in sorted(PAIRINGS.glob("*.yaml")):
-        data = registry.plain(registry.read_yaml(path))
-        assert registry.dump_family(data) == path.read_text(encoding="utf-8"), path.name
+        data = registry_schema.plain(registry_schema.read_yaml(path))
+        assert registry_schema.dump_family(data) == path.read_text(encoding="utf-8"), path.name
 
 
 # ---- broken files ------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def _tiny_family(directory: Path) -> Path:
         ],
     }
     path = directory / "tiny.yaml"
-    path.write_text(registry.dump_family(data), encoding="utf-8")
+    path.write_text(registry_schema.dump_family(data), encoding="utf-8")
     registry.load_family_file(path)
     return path
 
@@ -234,7 +234,7 @@ def test_verify_pairings_on_the_real_smollm2_pair(tmp_path, smollm2_f16, capsys)
     data = yaml.safe_load((tmp_path / "smollm2.yaml").read_text())
     for p in data["pairs"]:  # start from scratch: everything unverified
         p["status"], _ = "unverified", p.pop("verified", None)
-    (tmp_path / "smollm2.yaml").write_text(registry.dump_family(data))
+    (tmp_path / "smollm2.yaml").write_text(registry_schema.dump_family(data))
     rc = _script().main(["--pairings", str(tmp_path), "--offline",
                          "--local", f"smollm2-135m-instruct-f16-local={smollm2_f16}"])
     assert rc == 0
@@ -263,7 +263,7 @@ def test_verify_pairings_reads_hub_headers(tmp_path, hub, hub_home, capsys):
     }
     pairings = tmp_path / "pairings"
     pairings.mkdir()
-    (pairings / "hubtiny.yaml").write_text(registry.dump_family(data))
+    (pairings / "hubtiny.yaml").write_text(registry_schema.dump_family(data))
     assert _script().main(["--pairings", str(pairings), "--hub"]) == 1
     fam = registry.load_family_file(pairings / "hubtiny.yaml")
     status = {p.draft: p for p in fam.pairs}

@@ -33,7 +33,7 @@ def test_json_has_every_key_and_spec_matches_plain(run_cli, tiny_models):
     assert spec["tokens"] == plain["tokens"] and len(plain["tokens"]) == plain["n_generated"] == 32
     assert spec["drafted"] > 0 and 0 < spec["acceptance"] <= 1
     assert spec["mean_accepted_length"] == pytest.approx(1 + spec["accepted"] / spec["drafts"])
-    per = spec["per_drafter"]["draft"]  # counted once, by the engine: calls and time included
+    per = spec["per_drafter"]["draft-simple"]  # counted once, by the engine: calls and time included
     assert per["drafted"] == spec["drafted"] and per["calls"] >= per["drafts"] > 0 and per["draft_seconds"] > 0
 
 
@@ -136,8 +136,9 @@ def test_ctrl_c_keeps_the_text_and_prints_stats(tiny_models):
 
 def test_ngram_flags_reach_the_drafters(run_cli, tiny_models):
     """llama.cpp's --spec-ngram-* flags end up in the drafters the factory builds."""
-    from llamaspec.cli.app import ngram_params
-    from llamaspec.spec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+    from llamaspec.cli._options import ngram_params
+    from llamaspec.spec.options import SpecOptions, parse_spec_types
+    from llamaspec.spec.pipeline import load_pipeline
 
     ngram = ngram_params(9, 30, 7, 5, 40)
     opts = SpecOptions(spec_types=parse_spec_types("ngram-simple,ngram-mod"), n_ctx=256, n_threads=1, ngram=ngram)

@@ -6,8 +6,8 @@ import os
 import sys
 
 from llamaspec.cli import _output as output
+from llamaspec.cli._errors import explain
 from llamaspec.cli.app import app
-from llamaspec.errors import explain
 
 # Importing a command module registers its commands on `app`. None of them imports llama_cpp
 # at module level, so `llamaspec --help` stays fast.

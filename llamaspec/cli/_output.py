@@ -2,18 +2,26 @@
 
 Commands build plain data (dicts, lists) and hand it to `Output.data` with a renderer for humans;
 they never print directly. That keeps `--json` complete and `-q` quiet for every command.
+
+The layers below cli/ never print: they log (`logging`, loggers under "llamaspec") and report
+downloads to a progress callback. `configure` routes both here: log records at INFO become
+`detail` lines (-v), WARNING and above `warn` lines; Hub downloads get a Rich bar at a terminal,
+else one `downloading ...` line per file.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rich.console import Console
 
-from llamaspec.errors import Explained
+if TYPE_CHECKING:
+    from llamaspec.cli._errors import Explained
 
 
 def _json_default(obj: Any) -> Any:
@@ -70,10 +78,10 @@ class Output:
     def warn(self, message: str) -> None:
         self.stderr.print(f"[yellow]warning:[/yellow] {message}")
 
-    def error(self, explained: Explained) -> None:
-        line = f"[bold red]error:[/bold red] {_escape(explained.message)}"
+    def error(self, explained: "Explained") -> None:
+        line = f"[bold red]error:[/bold red] {escape(explained.message)}"
         if explained.hint:
-            line += f" [dim]({_escape(explained.hint)})[/dim]"
+            line += f" [dim]({escape(explained.hint)})[/dim]"
         self.stderr.print(line)
 
     @property
@@ -81,11 +89,70 @@ class Output:
         """Progress bars only for a human at a terminal."""
         return not self.quiet and not self.json and self.stderr.is_terminal
 
+    @contextmanager
+    def download_progress(self) -> Iterator[Callable[[str, int, int], None]]:
+        """What Hub downloads report to (llamaspec.hub.download.Progress): a Rich bar per file for
+        a human at a terminal, else a line per file as it starts (none with -q)."""
+        from llamaspec.hub.download import human_size
 
-def _escape(text: str) -> str:
-    from rich.markup import escape
+        if not self.progress_enabled:
+            started: set[str] = set()
 
-    return escape(text)
+            def line(label: str, done: int, total: int) -> None:
+                if label not in started:
+                    started.add(label)
+                    note = f" (resuming at {human_size(done)})" if done else ""
+                    self.info(escape(f"downloading {label} ({human_size(total)}){note}"))
+
+            yield line
+            return
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      TimeRemainingColumn(), console=self.stderr, transient=False) as bars:
+            tasks: dict[str, Any] = {}
+
+            def bar(label: str, done: int, total: int) -> None:
+                if label in tasks:
+                    bars.update(tasks[label], completed=done)
+                else:
+                    tasks[label] = bars.add_task(escape(label.rsplit("/", 1)[-1]), total=total, completed=done)
+
+            yield bar
+
+
+def escape(text: object) -> str:
+    """`text` as literal text inside Rich markup (brackets in paths, reasons, model names)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(str(text))
+
+
+class _ToOutput(logging.Handler):
+    """Log records of the layers below cli/ -> the current printer (found at each record, so a
+    printer replaced later, as tests do, still gets them)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = escape(record.getMessage())
+            if record.levelno >= logging.WARNING:
+                current().warn(message)
+            elif record.levelno >= logging.INFO:
+                current().detail(message)
+        except Exception:  # noqa: BLE001 - logging's own contract: a broken record is no crash
+            self.handleError(record)
+
+
+def _route_reports() -> None:
+    """Send the lower layers' log records and download progress to the current printer (once)."""
+    logger = logging.getLogger("llamaspec")
+    if not any(isinstance(h, _ToOutput) for h in logger.handlers):
+        logger.addHandler(_ToOutput())
+        logger.setLevel(logging.INFO)
+    from llamaspec.hub import download
+
+    download.install_progress(lambda: current().download_progress())
 
 
 # The process-wide printer; the CLI replaces it once flags are parsed.
@@ -97,6 +164,8 @@ def current() -> Output:
 
 
 def configure(*, json: bool = False, quiet: bool = False, verbose: bool = False) -> Output:
+    """The printer for a command's flags, with the lower layers' reports routed to it."""
     global _current
     _current = Output(json=json, quiet=quiet, verbose=verbose)
+    _route_reports()
     return _current

@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from llamaspec.cli.app import (
-    check_draft_max,
-    JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
-    ngram_params, read_prompt_file, setup_output,
+from llamaspec.cli._options import (
+    CTX_SIZE_CHECK, AmxOpt, ChatOpt, DraftMaxMeasuredOpt, DraftPMinOpt, FileOpt, FixedDraftOpt, ForceDraftOpt,
+    OfflineOpt, PromptOpt, ThreadsOpt, at_least, ngram_flags, output_flags, read_prompt_file,
 )
-from llamaspec.runtime.cpu import AMX_HELP
+from llamaspec.cli._output import Output, escape
+from llamaspec.cli.app import app
 from llamaspec.errors import UsageError
 
 if TYPE_CHECKING:
     from llamaspec.spec.bench import BenchResult, ModeSummary
+    from llamaspec.spec.options import NgramParams
 
-_PRESETS = ("code", "code-raw", "story")   # llamaspec.spec.bench.PROMPT_PRESETS (not imported: --help stays light)
-_DEFAULT_PRESET = "code"
+_DEFAULT_PRESET = "code"   # of llamaspec.spec.bench.PROMPT_PRESETS; "code-raw" without a chat template
 
 _SPEC_HELP = ("A speculative mode to measure; repeat for several (each is run against plain decoding). "
               "A comma list is one chained mode (draft,ngram-simple). Names: draft, ngram-simple, "
@@ -32,52 +32,46 @@ _SPEC_HELP = ("A speculative mode to measure; repeat for several (each is run ag
 
 
 @app.command()
+@output_flags
+@ngram_flags
 def bench(
     model: Annotated[str, typer.Argument(help="Target GGUF: a path or Hub reference (org/repo:QUANT).")],
     draft: Annotated[Optional[str], typer.Option(
         "--draft", "-md", "--model-draft", help="Draft model for the draft mode: a GGUF path or Hub ref.")] = None,
     spec_type: Annotated[Optional[list[str]], typer.Option("--spec-type", help=_SPEC_HELP)] = None,
-    prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="Prompt text.")] = None,
-    file: Annotated[Optional[Path], typer.Option("-f", "--file", help="Read the prompt from a file.")] = None,
+    prompt: PromptOpt = None,
+    file: FileOpt = None,
     preset: Annotated[Optional[str], typer.Option(
         "--prompt-preset",
         help="A bundled prompt: code (rewrite a Python module; the default), code-raw (the same "
              "without a chat template), story.")] = None,
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate per run.")] = 256,
-    reps: Annotated[int, typer.Option("--reps", help="Repetitions; results are medians over them.")] = 3,
-    threads: Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: all).")] = None,
-    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="Context size in tokens.")] = 4096,
-    draft_max: Annotated[Optional[int], typer.Option(
-        "--draft-max", "--spec-draft-n-max", help="Most draft tokens per step (adaptive below it).")] = None,
-    draft_p_min: Annotated[float, typer.Option(
-        "--draft-p-min", "--spec-draft-p-min", help="Draft model stops when its top probability is below this.")] = 0.0,
-    fixed_k: Annotated[bool, typer.Option(
-        "--fixed-draft", help="Always draft --draft-max tokens (no adaptive draft length).")] = False,
-    chat: Annotated[Optional[bool], typer.Option(
-        "--chat/--raw", help="Apply the model's chat template (default when it has one) or send raw text.")] = None,
+    n_predict: Annotated[int, typer.Option(
+        "-n", "--n-predict", help="Tokens to generate per run.", callback=at_least("-n", 1))] = 256,
+    reps: Annotated[int, typer.Option(
+        "--reps", help="Repetitions; results are medians over them.", callback=at_least("--reps", 1))] = 3,
+    threads: ThreadsOpt = None,
+    ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="Context size in tokens.",
+                                          callback=CTX_SIZE_CHECK)] = 4096,
+    draft_max: DraftMaxMeasuredOpt = None,
+    draft_p_min: DraftPMinOpt = 0.0,
+    fixed_k: FixedDraftOpt = False,
+    chat: ChatOpt = None,
     native: Annotated[Optional[Path], typer.Option(
         "--native", metavar="BIN_DIR",
         help="Also run llama.cpp's llama-speculative-simple from BIN_DIR on the same prompt.")] = None,
     native_draft_max: Annotated[int, typer.Option(
-        "--native-draft-max", help="--spec-draft-n-max for native draft modes.")] = 4,
-    offline: Annotated[bool, typer.Option("--offline", help="Never use the network.")] = False,
-    force_draft: Annotated[bool, typer.Option("--force-draft", help="Use a draft that fails the vocabulary check.")] = False,
-    amx: Annotated[Optional[bool], typer.Option("--amx/--no-amx", help=AMX_HELP)] = None,
-    ngram_size_n: NgramSizeNOpt = None,
-    ngram_size_m: NgramSizeMOpt = None,
-    ngram_mod_match: NgramModMatchOpt = None,
-    ngram_mod_min: NgramModMinOpt = None,
-    ngram_mod_max: NgramModMaxOpt = None,
-    json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+        "--native-draft-max", help="--spec-draft-n-max for native draft modes.",
+        callback=at_least("--native-draft-max", 1))] = 4,
+    offline: OfflineOpt = False,
+    force_draft: ForceDraftOpt = False,
+    amx: AmxOpt = None,
+    *,
+    ngram: NgramParams,
+    out: Output,
 ) -> None:
     """Measure plain vs speculative decoding (greedy) in one process: tok/s ratios, acceptance,
     and a token-for-token check against plain decoding."""
-    out = setup_output(json, quiet, verbose)
-    _check_ranges(n=n_predict, reps=reps, threads=threads, ctx=ctx_size, draft_max=draft_max,
-                  draft_p_min=draft_p_min, fixed=fixed_k, native_draft_max=native_draft_max)
-    ngram = ngram_params(ngram_size_n, ngram_size_m, ngram_mod_match, ngram_mod_min, ngram_mod_max)
+    at_least("-t/--threads", 1)(threads)  # (run reads -t 0 as all cores)
     text, source = _prompt(prompt, file, preset)
     if native is not None:
         from llamaspec.spec.bench import native_exe
@@ -90,9 +84,10 @@ def bench(
     from llamaspec import hub
     from llamaspec.spec.bench import BenchSettings, format_prompt, preset_text, run_bench
     from llamaspec.runtime.llama import Model, default_threads, set_llama_log
+    from llamaspec.spec.options import loads_mtp_layers, needs_draft_model
 
     modes = _modes(spec_type, draft)       # flags first: no download before a usage error
-    set_llama_log(verbose)
+    set_llama_log(out.verbose)
     target_path = hub.resolve_model(model, offline=offline)
     draft_path = None
     if draft is not None:
@@ -100,7 +95,7 @@ def bench(
 
         draft_path = hub.resolve_model(draft, offline=offline)
         check_explicit_draft(str(target_path), str(draft_path), force_draft, offline=offline)
-        if not any("draft-simple" in m.split(",") for m in modes):
+        if not any(needs_draft_model(m) for m in modes):
             out.warn("--draft is given but no mode uses it; add --spec-type draft")
 
     out.detail(f"loading {target_path}")
@@ -108,7 +103,7 @@ def bench(
 
     out.detail(buffer_decision(amx).reason)
     # The draft model (draft mode) follows the target's AMX choice (drafters/factory.py).
-    target = Model(target_path, load_mtp=any("draft-mtp" in m.split(",") for m in modes), amx=amx)
+    target = Model(target_path, load_mtp=any(loads_mtp_layers(m) for m in modes), amx=amx)
     try:
         if text is None:  # the default preset: its completion form when no chat template is used
             use_chat = chat if chat is not None else target.chat_template is not None
@@ -126,7 +121,7 @@ def bench(
                                  draft_path=draft_path, draft_max=draft_max, draft_p_min=draft_p_min,
                                  adaptive=not fixed_k, native_draft_max=native_draft_max,
                                  ngram=ngram)
-        out.info(f"{_escape(source)}: {len(tokens)} tokens{' (chat template)' if used_chat else ''}; "
+        out.info(f"{escape(source)}: {len(tokens)} tokens{' (chat template)' if used_chat else ''}; "
                  f"modes: plain, {', '.join(modes)}; {reps} rep(s) of {n_predict} tokens, "
                  f"{settings.threads} thread(s), greedy")
 
@@ -157,24 +152,6 @@ def bench(
 # ---- flags ----------------------------------------------------------------------------------------
 
 
-def _check_ranges(**v) -> None:
-    if v["n"] < 1:
-        raise UsageError("-n must be >= 1")
-    if v["reps"] < 1:
-        raise UsageError("--reps must be >= 1")
-    if v["threads"] is not None and v["threads"] < 1:
-        raise UsageError("-t/--threads must be >= 1")
-    if v["ctx"] < 0:
-        raise UsageError("-c/--ctx-size must be >= 0", "0 uses the model's training context")
-    if v["draft_max"] is not None and v["draft_max"] < 1:
-        raise UsageError("--draft-max must be >= 1")
-    check_draft_max(v["draft_max"])
-    if not 0 <= v["draft_p_min"] <= 1:
-        raise UsageError("--draft-p-min must be in [0, 1]")
-    if v["native_draft_max"] < 1:
-        raise UsageError("--native-draft-max must be >= 1")
-
-
 def _prompt(prompt: str | None, file: Path | None, preset: str | None) -> tuple[str | None, str]:
     """(text, where it came from); text None means the default preset (chosen once the model is loaded)."""
     given = [name for name, v in (("-p", prompt), ("-f", file), ("--prompt-preset", preset)) if v is not None]
@@ -185,22 +162,22 @@ def _prompt(prompt: str | None, file: Path | None, preset: str | None) -> tuple[
     if file is not None:
         return read_prompt_file(file), f"file {file}"
     if preset is not None:
-        if preset not in _PRESETS:
-            raise UsageError(f"unknown --prompt-preset {preset!r}", f"one of: {', '.join(_PRESETS)}")
-        from llamaspec.spec.bench import preset_text
+        from llamaspec.spec.bench import PROMPT_PRESETS, preset_text
 
+        if preset not in PROMPT_PRESETS:
+            raise UsageError(f"unknown --prompt-preset {preset!r}", f"one of: {', '.join(PROMPT_PRESETS)}")
         return preset_text(preset), f"preset {preset}"
     return None, f"preset {_DEFAULT_PRESET}"
 
 
 def _modes(spec_type: list[str] | None, draft: str | None) -> list[str]:
     """--spec-type values -> canonical mode labels (each a priority-ordered comma list), deduplicated."""
-    from llamaspec.spec.pipeline import parse_spec_types
+    from llamaspec.spec.options import default_bench_modes, needs_draft_model, parse_spec_types
 
     if draft is not None and draft.lower() in ("auto", "none"):
         raise UsageError(f"bench takes a draft path or Hub ref, not --draft {draft}",
                          "`llamaspec run --draft auto -v` shows which draft auto picks")
-    given = spec_type or (["draft"] if draft is not None else []) + ["ngram-simple", "ngram-mod"]
+    given = spec_type or default_bench_modes(with_draft_model=draft is not None)
     modes: list[str] = []
     for value in given:
         label = ",".join(parse_spec_types(value))
@@ -210,7 +187,7 @@ def _modes(spec_type: list[str] | None, draft: str | None) -> list[str]:
             modes.append(label)
     if not modes:
         raise UsageError("no speculative mode to measure", "e.g. --spec-type ngram-simple --spec-type ngram-mod")
-    if draft is None and any("draft-simple" in m.split(",") for m in modes):
+    if draft is None and any(needs_draft_model(m) for m in modes):
         raise UsageError("--spec-type draft needs a draft model", "add --draft PATH")
     return modes
 
@@ -276,7 +253,7 @@ def _render(console, result: "BenchResult", info: dict[str, Any]) -> None:
     s = result.settings
     medians = "medians of" if result.reps > 1 else "a single measurement, no median:"
     table = Table(
-        title=f"{_escape(Path(info['model_path']).name)}, {_escape(info['prompt'])} ({result.prompt_tokens} tokens"
+        title=f"{escape(Path(info['model_path']).name)}, {escape(info['prompt'])} ({result.prompt_tokens} tokens"
               f"{', chat template' if info['chat'] else ''}), n={s.n}, {s.threads} thread(s), greedy",
         caption=f"{medians} {result.reps} rep(s). tok/s and ratio: generation only, over plain decoding "
                 "in the same rep; e2e: wall time with prompt processing (target and draft)."
@@ -324,7 +301,7 @@ def _render(console, result: "BenchResult", info: dict[str, Any]) -> None:
         console = Console(file=console.file, width=1000, highlight=False, color_system=None)
     console.print(table)
     for note in _mode_notes(result) + result.notes:
-        console.print(f"note: {_escape(note)}")
+        console.print(f"note: {escape(note)}")
     if best == "plain":
         console.print("best: plain decoding (no speculative mode measured faster with accepted drafts "
                       "and identical tokens)")
@@ -333,8 +310,3 @@ def _render(console, result: "BenchResult", info: dict[str, Any]) -> None:
                       + (" (one repetition)" if result.reps == 1 else f" (median of {result.reps})")
                       + ", tokens identical to plain decoding")
 
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)

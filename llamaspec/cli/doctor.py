@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from llamaspec.cli.app import JsonOpt, QuietOpt, VerboseOpt, app, setup_output
+from llamaspec.cli._options import output_flags
+from llamaspec.cli._output import Output
+from llamaspec.cli.app import app
 
 
 def _render(info: dict, console) -> None:
@@ -43,12 +45,12 @@ def _amx_line(amx: dict) -> str:
 
 
 @app.command()
-def doctor(json: JsonOpt = False, quiet: QuietOpt = False, verbose: VerboseOpt = False) -> None:
+@output_flags
+def doctor(*, out: Output) -> None:
     """Show llama-cpp-python / llama.cpp versions, CPU features (and the AMX policy), backends and GPU support."""
-    out = setup_output(json, quiet, verbose)
     from llamaspec.runtime.info import collect
 
     info = collect()
-    if verbose:
+    if out.verbose:
         out.detail(info["system_info"])
     out.data(info, human=lambda c: _render(info, c), quiet=info["llama_cpp_python"])

@@ -6,7 +6,9 @@ from typing import Annotated
 
 import typer
 
-from llamaspec.cli.app import JsonOpt, QuietOpt, VerboseOpt, app, setup_output
+from llamaspec.cli._options import output_flags
+from llamaspec.cli._output import Output
+from llamaspec.cli.app import app
 
 
 def describe(ref: str) -> dict:
@@ -81,13 +83,12 @@ def render(info: dict, console) -> None:
 
 
 @app.command("inspect")
+@output_flags
 def inspect_cmd(
     model: Annotated[str, typer.Argument(help="GGUF path or Hub reference (org/repo:QUANT).")],
-    json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    out: Output,
 ) -> None:
     """Show a GGUF's architecture, size, quantization, vocabulary and MTP support (header only)."""
-    out = setup_output(json, quiet, verbose)
     info = describe(model)
     out.data(info, human=lambda c: render(info, c), quiet=info["vocab"]["fingerprint"])

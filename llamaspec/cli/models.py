@@ -6,14 +6,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from llamaspec.cli.app import JsonOpt, QuietOpt, VerboseOpt, app, setup_output
+from llamaspec.cli._options import OfflineOpt, output_flags
+from llamaspec.cli._output import Output
+from llamaspec.cli.app import app
 
 DraftOpt = Annotated[Optional[str], typer.Option(
     "--draft", metavar="auto|REF",
     help="Also pull a draft: 'auto' = the one `--draft auto` would use (registry recommendation), or a Hub ref.")]
 UpdateOpt = Annotated[bool, typer.Option(
     "--update", help="Ask the Hub for a newer commit even if the model is cached.")]
-OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never use the network (cache only).")]
 
 
 def _size(n: int | None) -> str:
@@ -23,20 +24,19 @@ def _size(n: int | None) -> str:
 
 
 @app.command("pull")
+@output_flags
 def pull_cmd(
     ref: Annotated[str, typer.Argument(help="Hub reference: org/repo, org/repo:QUANT, org/repo/file.gguf, @REV.")],
     draft: DraftOpt = None,
     update: UpdateOpt = False,
     offline: OfflineOpt = False,
-    json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    out: Output,
 ) -> None:
     """Download a GGUF model from the Hugging Face Hub into the HF cache; print its local path."""
     from llamaspec import hub
     from llamaspec.errors import UsageError
 
-    out = setup_output(json, quiet, verbose)
     target = hub.classify(ref)
     if not isinstance(target, hub.HubRef):
         raise UsageError(f"{ref} is a local path, not a Hub reference",
@@ -69,15 +69,15 @@ def _pull_draft(draft: str, target, *, offline: bool, update: bool, out) -> dict
     if draft.lower() != "auto":
         d = hub.pull(draft, update=update, offline=offline)
         out.info("draft " + _pull_line(d))
-        return {"kind": "draft", "source": "explicit", **d.to_dict()}
+        return {"kind": "draft-simple", "source": "explicit", **d.to_dict()}
     from llamaspec.pairing import autodraft
 
     # Headers only (the target is local now); the registry step downloads its draft via hub.
     choice = autodraft.choose_draft(str(target.path), offline=offline)
     info = choice.to_dict()
-    if choice.kind == "draft" and choice.path is not None:
+    if choice.kind == "draft-simple" and choice.path is not None:
         out.info(f"draft: {choice.label or choice.path.name} ({choice.reason})")
-    elif choice.kind == "mtp":
+    elif choice.kind == "draft-mtp":
         out.info(f"draft: none needed ({choice.reason})")
     else:
         out.info(f"draft: nothing to pull; {choice.reason}")
@@ -85,15 +85,11 @@ def _pull_draft(draft: str, target, *, offline: bool, update: bool, out) -> dict
 
 
 @app.command("models")
-def models_cmd(
-    json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
-) -> None:
+@output_flags
+def models_cmd(*, out: Output) -> None:
     """List the GGUF models in the Hugging Face cache: size, architecture, vocabulary fingerprint."""
     from llamaspec import hub
 
-    out = setup_output(json, quiet, verbose)
     root = hub.cache_dir()
     rows = [_describe(e) for e in hub.list_cached_ggufs(root)]
     data = {"cache_dir": str(root), "models": rows}

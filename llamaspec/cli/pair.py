@@ -10,10 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from llamaspec.cli.app import JsonOpt, QuietOpt, VerboseOpt, app, setup_output
+from llamaspec.cli._options import OfflineOpt, output_flags
+from llamaspec.cli._output import Output, escape
+from llamaspec.cli.app import app
 from llamaspec.errors import EXIT_FAILURE
-
-OfflineOpt = Annotated[bool, typer.Option("--offline", help="Never use the network (local files and cache only).")]
 
 
 def _size(n: int | None) -> str:
@@ -34,14 +34,8 @@ def _params(n: int | float | None) -> str:
     return str(int(n))
 
 
-def _esc(text) -> str:
-    from rich.markup import escape
-
-    return escape(str(text))
-
-
 def _side_line(d: dict) -> str:
-    return (f"{_esc(d['source'])}  [dim]{d['architecture']} · {_params(d['n_params'])} params · "
+    return (f"{escape(d['source'])}  [dim]{d['architecture']} · {_params(d['n_params'])} params · "
             f"{d['file_type'] or '?'} · {_size(d['file_size'])} · {d['vocab_type']} {d['n_vocab']:,} tokens · "
             f"fingerprint {d['fingerprint']}[/dim]")
 
@@ -62,7 +56,7 @@ def _render_verdict(v: dict, console) -> None:
 
     for r in v["rules"]:
         mark = "[green]pass[/green]" if r["passed"] else "[red]FAIL[/red]"
-        t.add_row(RULE_TITLES[r["rule"]], mark, _esc(r["detail"]))
+        t.add_row(RULE_TITLES[r["rule"]], mark, escape(r["detail"]))
     console.print(t)
     f = v["facts"]
     facts = [
@@ -74,22 +68,21 @@ def _render_verdict(v: dict, console) -> None:
     if v["compatible"]:
         console.print("[bold green]compatible[/bold green]: llama.cpp would accept this pair")
     else:
-        console.print(f"[bold red]incompatible[/bold red]: {_esc(v['reason'])}")
+        console.print(f"[bold red]incompatible[/bold red]: {escape(v['reason'])}")
 
 
 @app.command("check")
+@output_flags
 def check_cmd(
     main: Annotated[str, typer.Argument(metavar="MAIN", help="Target (main) model: GGUF path or Hub reference org/repo:QUANT.")],
     draft: Annotated[str, typer.Argument(metavar="DRAFT", help="Draft model: GGUF path or Hub reference.")],
     offline: OfflineOpt = False,
-    json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    out: Output,
 ) -> None:
     """Check whether DRAFT can draft for MAIN by llama.cpp's vocabulary rules (exit 0 yes, 1 no)."""
-    from llamaspec.pairing.compat import check_refs
+    from llamaspec.pairing.autodraft import check_refs
 
-    out = setup_output(json, quiet, verbose)
     verdict = check_refs(main, draft, offline=offline)
     data = verdict.to_dict()
     quiet_line = "compatible" if verdict.compatible else f"incompatible: {verdict.failed_rule}"
@@ -169,7 +162,7 @@ def _render_pair(r: dict, console) -> None:
         console.print(f"[green]MTP heads in the file[/green] ({r['mtp']['nextn_predict_layers']} NextN layers): "
                       "no draft model needed")
     elif r["mtp"]["sidecar"]:
-        console.print(f"MTP sidecar beside the file: {_esc(r['mtp']['sidecar'])} [dim](not used yet)[/dim]")
+        console.print(f"MTP sidecar beside the file: {escape(r['mtp']['sidecar'])} [dim](not used yet)[/dim]")
     if reg["pairs"]:
         # One line per pair (not a table): Hub refs stay whole and greppable in narrow terminals.
         console.print("[bold]registry pairs[/bold] [dim](draft for main: status)[/dim]")
@@ -185,8 +178,8 @@ def _render_pair(r: dict, console) -> None:
                 p["status"], "[yellow]unverified[/yellow]")
             draft, main = p["draft"].get("ref") or p["draft"]["id"], p["main"].get("ref") or p["main"]["id"]
             size = f" ({_params(p['draft']['params_b'] * 1e9)})" if p["draft"].get("params_b") else ""
-            tail = f"  [dim]{_esc('; '.join(notes))}[/dim]" if notes else ""
-            console.print(f"  {_esc(draft)}{size} for {_esc(main)}: {status}{tail}")
+            tail = f"  [dim]{escape('; '.join(notes))}[/dim]" if notes else ""
+            console.print(f"  {escape(draft)}{size} for {escape(main)}: {status}{tail}")
     s = r["scanned"]
     if r["on_disk"]:
         t = Table(title=f"on disk ({s['files']} GGUF files found, {s['compared']} compared, "
@@ -194,18 +187,19 @@ def _render_pair(r: dict, console) -> None:
         for col in ("file", "where", "size", "verdict"):
             t.add_column(col, overflow="fold")
         for c in r["on_disk"]:
-            verdict = "[green]compatible[/green]" if c["compatible"] else f"[red]no[/red]: {_esc(c['reason'])}"
-            t.add_row(_esc(c["label"]), c["location"], _size(c["size"]), verdict)
+            verdict = "[green]compatible[/green]" if c["compatible"] else f"[red]no[/red]: {escape(c['reason'])}"
+            t.add_row(escape(c["label"]), c["location"], _size(c["size"]), verdict)
         console.print(t)
     else:
         console.print(f"[dim]on disk: {s['files']} GGUF files found, none compatible[/dim]")
     a = r["auto"]
     target = a["path"] or a["label"] or a["kind"]
-    console.print(f"[bold]--draft auto[/bold] → {a['kind']}: {_esc(target)}")
-    console.print(f"  [dim]{_esc(a['reason'])}[/dim]")
+    console.print(f"[bold]--draft auto[/bold] → {a['kind']}: {escape(target)}")
+    console.print(f"  [dim]{escape(a['reason'])}[/dim]")
 
 
 @app.command("pair")
+@output_flags
 def pair_cmd(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="Target model: GGUF path or Hub reference org/repo:QUANT.")],
     search: Annotated[Optional[list[str]], typer.Option(
@@ -214,12 +208,10 @@ def pair_cmd(
         "--no-default-dirs", help="Skip the HF cache, LM Studio and Ollama stores; only --search.")] = False,
     show_all: Annotated[bool, typer.Option("--all", help="List every GGUF found, not only plausible ones.")] = False,
     offline: OfflineOpt = False,
-    json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    out: Output,
 ) -> None:
     """List drafts for MODEL: registry pairs of its family and compatible GGUFs already on disk."""
-    out = setup_output(json, quiet, verbose)
     report = pair_report(model, search=list(search or []), default_dirs=not no_default_dirs, offline=offline,
                          show_all=show_all)
     if report["registry"]["error"]:

@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from llamaspec.cli.app import (
-    check_draft_max,
-    JsonOpt, NgramModMatchOpt, NgramModMaxOpt, NgramModMinOpt, NgramSizeMOpt, NgramSizeNOpt, QuietOpt, VerboseOpt, app,
-    ngram_params, read_prompt_file, setup_output,
+from llamaspec.cli._options import (
+    CTX_SIZE_CHECK, AmxOpt, ChatOpt, DraftMaxOpt, DraftPMinOpt, FileOpt, FixedDraftOpt, ForceDraftOpt, OfflineOpt,
+    PromptOpt, ThreadsOpt, at_least, in_range, ngram_flags, output_flags, read_prompt_file,
 )
-from llamaspec.runtime.cpu import AMX_HELP
+from llamaspec.cli._output import Output
+from llamaspec.cli.app import app
 from llamaspec.errors import UsageError
 
-_SPEC_HELP = ("Speculative types, comma list: none, draft, ngram-simple, ngram-mod, mtp "
-              "(llama.cpp's names draft-simple, draft-mtp also work). Default: draft when --draft is "
-              "given, else none.")
+if TYPE_CHECKING:
+    from llamaspec.spec.options import NgramParams
+
+from llamaspec.spec.options import spec_type_help  # the spec-type table; no llama_cpp import
+
+_SPEC_HELP = (f"Speculative types, comma list, llama.cpp's names (aliases): {spec_type_help()}. "
+              "Default: draft when --draft is given, else none.")
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:
@@ -35,70 +39,64 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
 
 
 @app.command()
+@output_flags
+@ngram_flags
 def run(
     model: Annotated[Optional[str], typer.Argument(
         help="Target GGUF: a path or Hub reference (org/repo:QUANT). Default: the bundled SmolLM2.")] = None,
-    prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="Prompt text.")] = None,
-    file: Annotated[Optional[Path], typer.Option("-f", "--file", help="Read the prompt from a file.")] = None,
+    prompt: PromptOpt = None,
+    file: FileOpt = None,
     draft: Annotated[Optional[str], typer.Option(
         "--draft", "-md", "--model-draft",
         help="Draft model: a GGUF path or Hub ref, 'auto' (MTP heads, a draft on disk, the registry, "
              "else ngram-mod), or 'none'.")] = None,
     spec_type: Annotated[Optional[str], typer.Option("--spec-type", help=_SPEC_HELP)] = None,
-    draft_max: Annotated[Optional[int], typer.Option(
-        "--draft-max", "--spec-draft-n-max", help="Most draft tokens per step (adaptive below it).")] = None,
+    draft_max: DraftMaxOpt = None,
     draft_min: Annotated[int, typer.Option(
         "--draft-min", "--spec-draft-n-min", help="Drop drafts shorter than this.")] = 0,
-    draft_p_min: Annotated[float, typer.Option(
-        "--draft-p-min", "--spec-draft-p-min", help="Draft model stops when its top probability is below this.")] = 0.0,
-    fixed_k: Annotated[bool, typer.Option(
-        "--fixed-draft", help="Always draft --draft-max tokens (no adaptive draft length).")] = False,
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 256,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.")] = 0.8,
+    draft_p_min: DraftPMinOpt = 0.0,
+    fixed_k: FixedDraftOpt = False,
+    n_predict: Annotated[int, typer.Option(
+        "-n", "--n-predict", help="Tokens to generate.", callback=at_least("-n", 0))] = 256,
+    temp: Annotated[float, typer.Option(
+        "--temp", help="Temperature; 0 = greedy.", callback=at_least("--temp", 0, "0 means greedy"))] = 0.8,
     top_k: Annotated[int, typer.Option("--top-k")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
+    top_p: Annotated[float, typer.Option("--top-p", callback=in_range("--top-p", 0, 1, open_low=True))] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p", callback=in_range("--min-p", 0, 1))] = 0.05,
     repeat_penalty: Annotated[float, typer.Option("--repeat-penalty")] = 1.0,
     repeat_last_n: Annotated[int, typer.Option("--repeat-last-n")] = 64,
     seed: Annotated[Optional[int], typer.Option("-s", "--seed", help="Sampling seed (same seed, same output).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
     ctx_size: Annotated[Optional[int], typer.Option(
         "-c", "--ctx-size", help="Context size in tokens (default 4096, capped at the model's training "
-                                 "context; 0: the training context).")] = None,
-    threads: Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: all).")] = None,
+                                 "context; 0: the training context).", callback=CTX_SIZE_CHECK)] = None,
+    threads: ThreadsOpt = None,
     ngl: Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers on the GPU.")] = 0,
     ngld: Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers on the GPU.")] = 0,
-    amx: Annotated[Optional[bool], typer.Option("--amx/--no-amx", help=AMX_HELP)] = None,
-    chat: Annotated[Optional[bool], typer.Option(
-        "--chat/--raw", help="Apply the model's chat template (default when it has one) or send raw text.")] = None,
+    amx: AmxOpt = None,
+    chat: ChatOpt = None,
     system: Annotated[Optional[str], typer.Option("--system", help="System message (chat mode).")] = None,
     color: Annotated[bool, typer.Option("--color", help="Show accepted draft tokens in colour.")] = False,
-    offline: Annotated[bool, typer.Option("--offline", help="Never use the network.")] = False,
-    force_draft: Annotated[bool, typer.Option("--force-draft", help="Use a draft that fails the vocabulary check.")] = False,
+    offline: OfflineOpt = False,
+    force_draft: ForceDraftOpt = False,
     search: Annotated[Optional[list[Path]], typer.Option("--search", help="Also look here for drafts (--draft auto).")] = None,
-    ngram_size_n: NgramSizeNOpt = None,
-    ngram_size_m: NgramSizeMOpt = None,
-    ngram_mod_match: NgramModMatchOpt = None,
-    ngram_mod_min: NgramModMinOpt = None,
-    ngram_mod_max: NgramModMaxOpt = None,
-    json: JsonOpt = False,
-    quiet: QuietOpt = False,
-    verbose: VerboseOpt = False,
+    *,
+    ngram: NgramParams,
+    out: Output,
 ) -> None:
     """Generate text with speculative decoding: token for token what the target alone would write."""
-    out = setup_output(json, quiet, verbose)
     text = read_prompt(prompt, file)
-    _check_ranges(n_predict=n_predict, temp=temp, top_p=top_p, min_p=min_p, ctx_size=ctx_size,
-                  draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min)
-    ngram = ngram_params(ngram_size_n, ngram_size_m, ngram_mod_match, ngram_mod_min, ngram_mod_max)
+    if draft_min < 0 or (draft_max is not None and draft_min > draft_max):
+        raise UsageError("--draft-min must be between 0 and --draft-max")
 
-    from llamaspec.spec.pipeline import SpecOptions, load_pipeline
+    from llamaspec.spec.options import SpecOptions
+    from llamaspec.spec.pipeline import load_pipeline
     from llamaspec.cli._report import generation_dict, render_stats
-    from llamaspec.cli._resolve import resolve
+    from llamaspec.resolve import resolve
     from llamaspec.runtime.llama import set_llama_log
     from llamaspec.spec.verify import SamplingParams
 
-    set_llama_log(verbose)
+    set_llama_log(out.verbose)
     r = resolve(model, draft, spec_type, offline=offline, force_draft=force_draft, search=search or [])
     for note in r.notes:
         out.info(note)
@@ -116,43 +114,23 @@ def run(
     pipe = load_pipeline(r.target_path, opts, sampling)
     try:
         prompt_tokens = _prompt_tokens(pipe.target, text, chat, system)
-        on_text = None if json else _streamer(out, color)
+        on_text = None if out.json else _streamer(out, color)
         gen = pipe.engine.generate(prompt_tokens, pipe.config(max_tokens=n_predict, sampling=sampling,
                                                               stop=stop or []), on_text=on_text)
     finally:
         n_ctx_used = pipe.ctx.n_ctx
         pipe.close()
     info = generation_dict(gen, spec_type=r.spec_label, draft_model=r.draft_ref, model=r.target_ref)
-    if json:
+    if out.json:
         out.data(info)
     else:
         out.write("\n")
-        if not quiet:
+        if not out.quiet:
             render_stats(info, out.stderr)
     if gen.stop_reason == "context":
         out.warn(f"stopped: the context is full ({n_ctx_used} tokens); raise -c/--ctx-size for longer output")
     if gen.stop_reason == "interrupted":
         raise typer.Exit(130)
-
-
-def _check_ranges(**v) -> None:
-    if v["n_predict"] < 0:
-        raise UsageError("-n must be >= 0")
-    if v["temp"] < 0:
-        raise UsageError("--temp must be >= 0", "0 means greedy")
-    if not 0 < v["top_p"] <= 1:
-        raise UsageError("--top-p must be in (0, 1]")
-    if not 0 <= v["min_p"] <= 1:
-        raise UsageError("--min-p must be in [0, 1]")
-    if v["ctx_size"] is not None and v["ctx_size"] < 0:
-        raise UsageError("-c/--ctx-size must be >= 0", "0 uses the model's training context")
-    if v["draft_max"] is not None and v["draft_max"] < 0:
-        raise UsageError("--draft-max must be >= 0")
-    check_draft_max(v["draft_max"])
-    if v["draft_min"] < 0 or (v["draft_max"] is not None and v["draft_min"] > v["draft_max"]):
-        raise UsageError("--draft-min must be between 0 and --draft-max")
-    if not 0 <= v["draft_p_min"] <= 1:
-        raise UsageError("--draft-p-min must be in [0, 1]")
 
 
 def _prompt_tokens(target, text: str, chat: bool | None, system: str | None) -> list[int]:

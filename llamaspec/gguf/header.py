@@ -25,16 +25,20 @@ from typing import Any, BinaryIO
 from llamaspec.errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+MAX_DIMS = 8  # GGML_MAX_DIMS is 4; more than 8 can only be a damaged file
 
-# GGUF value types -> (struct code, size); 8 = string, 9 = array are handled apart.
-_SCALARS: dict[int, tuple[str, int]] = {
-    0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4),
-    6: ("f", 4), 7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8),
+# GGUF value types (gguf.h's enum gguf_type) -> little-endian struct (`.size`, `.unpack_from`).
+# The one table of value types and sizes: peek.py's memory-mapped reads use it too.
+T_STRING, T_ARRAY = 8, 9  # handled apart: u64 length + bytes; u32 element type + u64 count + items
+SCALAR_TYPES: dict[int, struct.Struct] = {
+    t: struct.Struct("<" + code) for t, code in
+    {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}.items()
 }
-_ARRAY_CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "B", 10: "Q", 11: "q", 12: "d"}
-_T_STRING, _T_ARRAY = 8, 9
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
+# array.array codes for arrays of scalars (array has no bool: GGUF bools are bytes 0/1)
+_ARRAY_CODES = {t: "B" if s.format == "<?" else s.format[1:] for t, s in SCALAR_TYPES.items()}
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
 
 # llama.h's llama_ftype, the names people know them by.
 FILE_TYPES = {
@@ -172,10 +176,10 @@ class _Reader:
         return data
 
     def u32(self) -> int:
-        return _U32.unpack(self.take(4))[0]
+        return U32.unpack(self.take(4))[0]
 
     def u64(self) -> int:
-        return _U64.unpack(self.take(8))[0]
+        return U64.unpack(self.take(8))[0]
 
     def string(self) -> str:
         n = self.u64()
@@ -187,7 +191,7 @@ class _Reader:
         """A string array; the hot loop for 100k+ token vocabularies, so it works on the buffer."""
         out: list[str] = []
         append = out.append
-        unpack = _U64.unpack_from
+        unpack = U64.unpack_from
         while len(out) < count:
             buf, pos, end = self.buf, self.pos, len(self.buf)
             while len(out) < count and pos + 8 <= end:
@@ -209,20 +213,20 @@ class _Reader:
         return out
 
     def value(self, vtype: int) -> Any:
-        if vtype in _SCALARS:
-            code, size = _SCALARS[vtype]
-            return struct.unpack("<" + code, self.take(size))[0]
-        if vtype == _T_STRING:
+        scalar = SCALAR_TYPES.get(vtype)
+        if scalar is not None:
+            return scalar.unpack(self.take(scalar.size))[0]
+        if vtype == T_STRING:
             return self.string()
-        if vtype == _T_ARRAY:
+        if vtype == T_ARRAY:
             etype = self.u32()
             count = self.u64()
             if count > _MAX_ITEMS:
                 raise _corrupt(self.source, f"array of {count} items")
-            if etype == _T_STRING:
+            if etype == T_STRING:
                 return self.strings(count)
-            if etype == _T_ARRAY:
-                return [self.value(_T_ARRAY) for _ in range(count)]
+            if etype == T_ARRAY:
+                return [self.value(T_ARRAY) for _ in range(count)]
             if etype not in _ARRAY_CODES:
                 raise _corrupt(self.source, f"unknown array element type {etype}")
             code = _ARRAY_CODES[etype]
@@ -253,7 +257,7 @@ def read_header(stream: BinaryIO, *, source: str = "<stream>", chunk: int = 1 <<
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"not a GGUF file: {source} (starts with {magic!r})", "give a .gguf model file")
     version = r.u32()
-    if version not in (2, 3):
+    if version not in GGUF_VERSIONS:
         raise ModelFileError(
             f"unsupported GGUF version {version} in {source}", "convert the model with a current llama.cpp"
         )
@@ -268,7 +272,7 @@ def read_header(stream: BinaryIO, *, source: str = "<stream>", chunk: int = 1 <<
     for _ in range(n_tensors):
         name = r.string()
         n_dims = r.u32()
-        if n_dims > 8:
+        if n_dims > MAX_DIMS:
             raise _corrupt(source, f"tensor {name!r} with {n_dims} dimensions")
         shape = tuple(r.u64() for _ in range(n_dims))
         tensors.append(TensorInfo(name, shape, r.u32(), r.u64()))
@@ -286,13 +290,22 @@ def read_file(path: str | os.PathLike[str]) -> GGUFHeader:
     with open(p, "rb") as f:
         header = read_header(f, source=str(p), file_size=size)
     # A header that claims tensor data beyond the end of the file means a cut-off download.
-    if header.tensors:
-        alignment = int(header.get("general.alignment", 32) or 32)
-        data_start = -(-header.bytes_read // alignment) * alignment
-        last = max(header.tensors, key=lambda t: t.offset)
-        if data_start + last.offset > size:
-            raise ModelFileError(
-                f"truncated GGUF: {p} is {size} bytes but its tensors extend past {data_start + last.offset}",
-                "the file is incomplete; download it again",
-            )
+    claimed = last_tensor_start(header.tensors, header.metadata, header.bytes_read)
+    if claimed > size:
+        raise ModelFileError(
+            f"truncated GGUF: {p} is {size} bytes but its tensors extend past {claimed}",
+            "the file is incomplete; download it again",
+        )
     return header
+
+
+def last_tensor_start(tensors: list[TensorInfo], metadata: dict[str, Any], header_end: int) -> int:
+    """File offset where the header says its last tensor's data starts (0 without tensors).
+
+    A file shorter than this is a cut-off download.
+    """
+    if not tensors:
+        return 0
+    alignment = int(metadata.get("general.alignment", 32) or 32)
+    data_start = -(-header_end // alignment) * alignment
+    return data_start + max(t.offset for t in tensors)

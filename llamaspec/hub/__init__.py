@@ -7,6 +7,9 @@ Public API (other commands use the first two):
     parse_ref / classify / is_hub_ref, HubRef              the reference grammar (see refs.py)
     list_cached_ggufs() -> [CacheEntry]                    what `llamaspec models` lists
 
+Nothing here prints: details go to the "llamaspec.hub" logger (INFO), download progress to a
+callback (download.Progress: the `progress` argument, else the one installed; the CLI draws bars).
+
 Cache first: a reference whose files are all in the cache resolves with no network at all, so
 `run`/`check` start instantly and work offline. `pull --update` asks the Hub for a newer commit.
 With no quant given, only a cached Q4_K_M (the Hub default's first choice) counts as a hit online.
@@ -14,13 +17,19 @@ With no quant given, only a cached Q4_K_M (the Hub default's first choice) count
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from llamaspec.cli import _output as output
 from llamaspec.gguf.header import GGUFHeader, read_file
 from llamaspec.hub.cache import CacheEntry, cache_dir, find_cached, list_cached_ggufs
 from llamaspec.hub.refs import HubRef, classify, is_hub_ref, parse_ref
+
+if TYPE_CHECKING:
+    from llamaspec.hub.download import Progress
+
+log = logging.getLogger(__name__)  # details (INFO): where a ref resolved to, what a header read cost
 
 __all__ = [
     "HubRef", "Pulled", "CacheEntry", "cache_dir", "classify", "is_hub_ref", "list_cached_ggufs",
@@ -77,8 +86,10 @@ def _cached(hub: HubRef, offline: bool):
     return hit if tag is not None and tag.tag == select.DEFAULT_QUANTS[0] else None
 
 
-def pull(ref: str | HubRef, *, update: bool = False, offline: bool = False) -> Pulled:
-    """Make the model `ref` means present in the HF cache (cache first unless `update`)."""
+def pull(ref: str | HubRef, *, update: bool = False, offline: bool = False,
+         progress: Progress | None = None) -> Pulled:
+    """Make the model `ref` means present in the HF cache (cache first unless `update`); a
+    download reports to `progress` (else to the one installed, see download.install_progress)."""
     from llamaspec.hub import download, remote, select
     from llamaspec.hub.failures import not_cached_offline
 
@@ -93,17 +104,17 @@ def pull(ref: str | HubRef, *, update: bool = False, offline: bool = False) -> P
             raise not_cached_offline(hub)
     listing = remote.list_repo(hub)
     files = select.choose(listing.files, hub.quant, hub.path, f"{hub.repo_id}@{hub.rev}")
-    paths, downloaded = download.fetch(listing, files)
+    paths, downloaded = download.fetch(listing, files, progress=progress)
     return Pulled(hub, listing.commit, files, paths, listing.size(files), downloaded)
 
 
-def resolve_model(ref: str, *, offline: bool = False) -> Path:
+def resolve_model(ref: str, *, offline: bool = False, progress: Progress | None = None) -> Path:
     """A local GGUF path for `ref`: a local path as is; a Hub ref from the cache, else downloaded."""
     target = classify(ref)
     if isinstance(target, Path):
         return target
-    pulled = pull(target, offline=offline)
-    output.current().detail(f"{target} -> {pulled.path}" + (" (cached)" if pulled.cached else ""))
+    pulled = pull(target, offline=offline, progress=progress)
+    log.info("%s -> %s%s", target, pulled.path, " (cached)" if pulled.cached else "")
     return pulled.path
 
 
@@ -128,6 +139,6 @@ def read_model_header(ref: str, *, offline: bool = False) -> GGUFHeader:
     files = select.choose(listing.files, target.quant, target.path, f"{target.repo_id}@{target.rev}")
     header, reader = remote.read_remote_header(listing, files[0])
     header.file_size = listing.size(files)
-    output.current().detail(f"{header.source}: header read from the Hub with {reader.requests} ranged request(s), "
-                            f"{reader.fetched:,} of {header.file_size:,} bytes")
+    log.info("%s: header read from the Hub with %d ranged request(s), %s of %s bytes",
+             header.source, reader.requests, f"{reader.fetched:,}", f"{header.file_size:,}")
     return header

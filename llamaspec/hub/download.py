@@ -1,4 +1,4 @@
-"""Download Hub files into the standard HF cache, resumable across runs, with Rich progress.
+"""Download Hub files into the standard HF cache, resumable across runs, reporting progress.
 
 huggingface_hub 2.4 resumes a cut connection within one call but deletes its partial file when
 the call fails (each attempt writes a process-unique temp file), so an interrupted multi-GB pull
@@ -7,6 +7,8 @@ run continues with a Range request; once complete it becomes `blobs/<etag>`, lin
 `snapshots/<commit>/<path>`, so the cache is exactly what `hf download` writes and reads (the
 etag, from huggingface_hub's own HEAD, names the blob as it would). The lock file is huggingface_hub's
 own, so a concurrent `hf download` of the same file waits instead of racing.
+
+Progress goes to a callback, never to the terminal: the CLI draws it (cli/_output.py).
 """
 
 from __future__ import annotations
@@ -15,18 +17,34 @@ import errno
 import os
 import shutil
 import time
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
-from llamaspec.cli import _output as output
 from llamaspec.errors import HubError
 from llamaspec.hub import cache
 from llamaspec.hub.failures import endpoint, hub_errors
 from llamaspec.hub.remote import RepoListing, hf_headers, timeout
 
 MAX_FAILURES = 3        # consecutive attempts without progress before giving up (about 3 s)
+
+# A download's progress: report(label, bytes done, bytes total), called when a file starts (done > 0:
+# resumed there) and as its bytes arrive; label is "org/repo/path/in/repo.gguf".
+Report = Callable[[str, int, int], None]
+# Opens the report for the files of one fetch, closed when the fetch ends (a bar stays up that long).
+Progress = Callable[[], AbstractContextManager[Report]]
+
+_installed: Progress | None = None
+
+
+def install_progress(progress: Progress | None) -> Progress | None:
+    """Make `progress` the report of every download not given one (the CLI installs its bars);
+    returns the one installed before."""
+    global _installed
+    before, _installed = _installed, progress
+    return before
 
 
 @dataclass
@@ -124,8 +142,8 @@ def _get(part: Part, on_bytes) -> None:
                     hf_raise_for_status(r)
                 mode = "ab" if part.have and r.status_code == 206 else "wb"
                 if mode == "wb":
-                    on_bytes(-part.have)  # the server ignored Range: start over
-                    part.have = 0
+                    lost, part.have = part.have, 0
+                    on_bytes(-lost)  # the server ignored Range: start over
                 with open(part.partial, mode) as f:
                     for chunk in r.iter_bytes():  # as received: a cut loses nothing already here
                         f.write(chunk)
@@ -184,40 +202,32 @@ def write_ref(repo_id: str, rev: str, commit: str, root: Path) -> None:
         ref_file.write_text(commit)
 
 
-def fetch(listing: RepoListing, files: list[str], *, root: Path | None = None) -> tuple[list[Path], int]:
-    """Make every file of `files` present in the cache; returns local paths and bytes downloaded."""
+def fetch(listing: RepoListing, files: list[str], *, root: Path | None = None,
+          progress: Progress | None = None) -> tuple[list[Path], int]:
+    """Make every file of `files` present in the cache; returns local paths and bytes downloaded.
+    Progress goes to `progress`, else to the installed one, else nowhere."""
     from huggingface_hub.utils import WeakFileLock
 
     root = root or cache.cache_dir()
     folder = cache.repo_folder(listing.ref.repo_id, root)
-    out = output.current()
+    progress = progress or _installed
     parts = _plan(listing, files, root)
     _check_space(parts, root)
     downloaded = 0
     with ExitStack() as stack:
-        progress = None
-        if parts and out.progress_enabled:
-            from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                       TransferSpeedColumn)
-
-            progress = stack.enter_context(Progress(
-                TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                TimeRemainingColumn(), console=out.stderr, transient=False,
-            ))
+        report = stack.enter_context(progress()) if parts and progress is not None else None
         for part in parts:
             if part.blob.exists():
                 continue
-            note = f" (resuming at {human_size(part.have)})" if part.have else ""
-            if progress is None:
-                out.info(f"downloading {listing.ref.repo_id}/{part.path} ({human_size(part.size)}){note}")
-            task = progress.add_task(part.path.rsplit("/", 1)[-1], total=part.size, completed=part.have) \
-                if progress is not None else None
+            label = f"{listing.ref.repo_id}/{part.path}"
+            if report is not None:
+                report(label, part.have, part.size)
 
-            def on_bytes(n: int, task=task) -> None:
+            def on_bytes(n: int, part=part, label=label) -> None:
                 nonlocal downloaded
                 downloaded += n
-                if progress is not None:
-                    progress.advance(task, n)
+                if report is not None:
+                    report(label, part.have, part.size)
 
             lock = root / ".locks" / folder.name / f"{part.etag}.lock"  # huggingface_hub's lock path
             lock.parent.mkdir(parents=True, exist_ok=True)

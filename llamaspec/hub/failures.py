@@ -1,7 +1,7 @@
 """huggingface_hub / httpx exceptions -> one clear HubError line with a hint.
 
 Used where Hub calls are made (with the reference at hand for a precise message) and by
-`llamaspec.errors.explain` for anything that escapes elsewhere. Never imports huggingface_hub
+`llamaspec.cli._errors.explain` for anything that escapes elsewhere. Never imports huggingface_hub
 unless the exception came from it.
 """
 

@@ -1,1 +1,1 @@
-"""Which draft goes with which target: llama.cpp's vocabulary rules (compat.py), the registry, GGUFs on disk, --draft auto."""
+"""Which draft goes with which target: llama.cpp's vocabulary rules (compat.py), the registry (registry.py; its file format: registry_schema.py), GGUFs on disk (discovery.py), --draft auto and reference checks (autodraft.py)."""

@@ -1,14 +1,15 @@
 """`--draft auto`: pick how to draft for a target, and say why.
 
-Order (first that applies wins):
-  1. mtp        the target's own MTP/NextN heads (nextn_predict_layers > 0), or an mtp-*.gguf
-                sidecar beside the target file (how Gemma 4 / Qwen3.6 repos ship them);
-  2. draft      a compatible GGUF already on disk, clearly smaller than the target: same
-                architecture family first, very-low-bit quants last, then the smallest file;
-  3. draft      the registry's recommended draft for the target's family, checked on its Hub
-                header and downloaded through hub.resolve_model (never when offline);
-  4. ngram-mod  drafts from the text itself: needs no model, always available.
-Also `check_explicit_draft` for a user-given draft: refuses an incompatible pair unless forced.
+Order (first that applies wins; each choice is named by llama.cpp's spec type):
+  1. draft-mtp     the target's own MTP/NextN heads (nextn_predict_layers > 0), or an mtp-*.gguf
+                   sidecar beside the target file (how Gemma 4 / Qwen3.6 repos ship them);
+  2. draft-simple  a compatible GGUF already on disk, clearly smaller than the target: same
+                   architecture family first, very-low-bit quants last, then the smallest file;
+  3. draft-simple  the registry's recommended draft for the target's family, checked on its Hub
+                   header and downloaded through hub.resolve_model (never when offline);
+  4. ngram-mod     drafts from the text itself: needs no model, always available.
+Also `check_refs` (the compat verdict for two model references, headers only) and
+`check_explicit_draft` for a user-given draft: refuses an incompatible pair unless forced.
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from llamaspec.pairing import compat
-
-from llamaspec.pairing import discovery
-from llamaspec.pairing.compat import Verdict
 from llamaspec.errors import HubError, IncompatiblePairError, LlamaspecError
 from llamaspec.gguf.header import GGUFHeader, read_file
+from llamaspec.gguf.peek import light_header, peek, target_tokens
 from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
+from llamaspec.pairing import compat, discovery
+from llamaspec.pairing.compat import Verdict
 
 # A draft costing more than this fraction of the target per token rarely pays off (file size is
 # the cost proxy: decoding is memory-bound).
@@ -36,10 +36,10 @@ _LOW_BIT = ("IQ1", "IQ2", "Q2_", "TQ1", "TQ2", "Q1_")
 
 @dataclass(frozen=True)
 class DraftChoice:
-    kind: str                        # "mtp" | "draft" | "ngram-mod"
-    path: Path | None                # the draft GGUF; for mtp: a sidecar, or None = heads inside the target
+    kind: str                        # llama.cpp's spec type: "draft-mtp" | "draft-simple" | "ngram-mod"
+    path: Path | None                # the draft GGUF; for draft-mtp: a sidecar, or None = heads inside the target
     reason: str                      # one line: why this one
-    verdict: Verdict | None = None   # for kind "draft": the compatibility verdict against the target
+    verdict: Verdict | None = None   # for draft-simple: the compatibility verdict against the target
     source: str = "fallback"         # target | sidecar | disk | registry | fallback
     label: str | None = None         # how people name the draft (repo:quant, file, Ollama name)
     considered: tuple[str, ...] = ()  # what each earlier step found, for -v and `pair`
@@ -67,7 +67,7 @@ def find_mtp_sidecar(target_path: Path) -> Path | None:
             continue
         if not (low.startswith("mtp-") or "-mtp-" in low or low[:-5].endswith("-mtp")):
             continue
-        pk = discovery.peek(p)
+        pk = peek(p)
         if pk is not None and (pk.nextn_predict_layers > 0 or (pk.architecture or "").endswith("-assistant")):
             return p
     return None
@@ -81,12 +81,12 @@ def mtp_choice(header: GGUFHeader, *, sidecars: bool = False, notes: list[str] |
     """
     n = header.nextn_predict_layers
     if n > 0:
-        return DraftChoice("mtp", None, f"the target carries its own MTP heads ({n} NextN layer{'s' if n > 1 else ''}): "
+        return DraftChoice("draft-mtp", None, f"the target carries its own MTP heads ({n} NextN layer{'s' if n > 1 else ''}): "
                                         "no separate draft model needed", source="target", label="built-in MTP heads")
     src = Path(header.source)
     side = find_mtp_sidecar(src) if src.is_file() else None
     if side is not None and sidecars:
-        return DraftChoice("mtp", side, f"MTP sidecar {side.name} beside the target", source="sidecar",
+        return DraftChoice("draft-mtp", side, f"MTP sidecar {side.name} beside the target", source="sidecar",
                            label=side.name)
     if side is not None and notes is not None:
         notes.append(f"MTP sidecar {side.name} beside the target is not used (sidecar MTP heads are not supported yet)")
@@ -185,7 +185,7 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
                 notes.append(f"registry draft {d.label}: {exc.message}")
                 continue
             if v.compatible:
-                return DraftChoice("draft", p, f"registry draft {d.id} from an installed package ({s.reason})",
+                return DraftChoice("draft-simple", p, f"registry draft {d.id} from an installed package ({s.reason})",
                                    v, source="registry", label=d.label)
             notes.append(f"registry draft {d.label}: {v.reason}")
             continue
@@ -198,7 +198,7 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
             skipped_hub = True
             continue
         if dry_run:
-            return DraftChoice("draft", None, f"would download the registry's draft {d.ref} ({s.reason}; "
+            return DraftChoice("draft-simple", None, f"would download the registry's draft {d.ref} ({s.reason}; "
                                f"status {s.pair.status if s.pair else 'unverified'})", source="registry",
                                label=d.ref, would_download=True)
         if hub_down:
@@ -224,7 +224,7 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
         if not path.is_file():
             notes.append(f"registry draft {d.ref}: download not available")
             continue
-        return DraftChoice("draft", path, f"registry's draft {d.ref}, downloaded ({s.reason})", v,
+        return DraftChoice("draft-simple", path, f"registry's draft {d.ref}, downloaded ({s.reason})", v,
                            source="registry", label=d.ref)
     return None
 
@@ -248,7 +248,7 @@ def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Cand
         candidates = discovery.scan(header, roots, target_vocab=vocab)
     best, why = pick_disk_draft(header, candidates)
     if best is not None:
-        return DraftChoice("draft", best.path, why, best.verdict, source="disk", label=best.label,
+        return DraftChoice("draft-simple", best.path, why, best.verdict, source="disk", label=best.label,
                            considered=tuple(notes))
     notes.append(why)
     choice = registry_choice(header, vocab, offline=offline, allow_download=allow_download, dry_run=dry_run,
@@ -268,13 +268,32 @@ def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str
 
     offline forbids any network use; allow_download=False allows Hub header reads but no download;
     dry_run reports what would be downloaded instead of downloading it; mtp_sidecars lets an
-    mtp-*.gguf beside the target count as MTP (kind "mtp" with `path` = the sidecar).
+    mtp-*.gguf beside the target count as MTP (kind "draft-mtp" with `path` = the sidecar).
     """
     from llamaspec import hub
 
     header = hub.read_model_header(target_ref, offline=offline)
     return choose_for_header(header, search_dirs=search_dirs, default_dirs=default_dirs, offline=offline,
                              allow_download=allow_download, dry_run=dry_run, mtp_sidecars=mtp_sidecars)
+
+
+def check_refs(target_ref: str, draft_ref: str, *, offline: bool = False) -> Verdict:
+    """The verdict for two model references (paths or Hub refs), reading only their headers.
+
+    A local draft whose token bytes equal the target's reuses the target's decoded texts
+    (gguf.peek.light_header): the same result as a full parse, at a fraction of the time.
+    """
+    from llamaspec import hub
+
+    target = hub.read_model_header(target_ref, offline=offline)
+    draft = None
+    local = hub.classify(draft_ref)
+    if not isinstance(local, hub.HubRef) and Path(target.source).is_file():
+        raw = target_tokens(target)
+        draft = light_header(Path(local), raw) if raw else None
+    if draft is None:
+        draft = hub.read_model_header(draft_ref, offline=offline)
+    return compat.check_headers(target, draft)
 
 
 def check_explicit_draft(target: str, draft: str, force: bool = False, *, offline: bool = False) -> Verdict:
@@ -284,7 +303,7 @@ def check_explicit_draft(target: str, draft: str, force: bool = False, *, offlin
     token), but acceptance will be poor, and draft token ids beyond the target's vocabulary must be
     treated as rejections by the engine.
     """
-    verdict = compat.check_refs(target, draft, offline=offline)
+    verdict = check_refs(target, draft, offline=offline)
     if verdict.compatible:
         return verdict
     if not force:
@@ -293,8 +312,8 @@ def check_explicit_draft(target: str, draft: str, force: bool = False, *, offlin
             "use a draft with the same tokenizer (`llamaspec pair TARGET` lists them), "
             "or --force-draft to try anyway",
         )
-    from llamaspec.cli import _output as output
+    import logging
 
-    output.current().warn(f"forced an incompatible draft ({verdict.reason}); llama.cpp would refuse this pair. "
-                          "Output stays the target's own, but expect few accepted tokens")
+    logging.getLogger(__name__).warning(f"forced an incompatible draft ({verdict.reason}); llama.cpp would refuse "
+                                        "this pair. Output stays the target's own, but expect few accepted tokens")
     return verdict

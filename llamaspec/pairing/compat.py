@@ -14,10 +14,9 @@ architecture family, size ratio, chat template) are reported too but never decid
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from llamaspec.gguf.header import GGUFHeader
+from llamaspec.gguf.header import GGUFHeader, read_file
 from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
 
 MAX_SIZE_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE
@@ -261,27 +260,5 @@ def check_headers(target: GGUFHeader, draft: GGUFHeader, *, target_vocab: VocabI
 
 
 def check_files(target_path, draft_path) -> Verdict:
-    """The verdict for two local GGUF files (headers only)."""
-    from llamaspec.gguf.header import read_file
-
+    """The verdict for two local GGUF files (headers only; model references: autodraft.check_refs)."""
     return check_headers(read_file(target_path), read_file(draft_path))
-
-
-def check_refs(target_ref: str, draft_ref: str, *, offline: bool = False) -> Verdict:
-    """The verdict for two model references (paths or Hub refs), reading only their headers.
-
-    A local draft whose token bytes equal the target's reuses the target's decoded texts
-    (discovery.light_header): the same result as a full parse, at a fraction of the time.
-    """
-    from llamaspec import hub
-    from llamaspec.pairing import discovery
-
-    target = hub.read_model_header(target_ref, offline=offline)
-    draft = None
-    local = hub.classify(draft_ref)
-    if not isinstance(local, hub.HubRef) and Path(target.source).is_file():
-        raw = discovery.target_tokens(target)
-        draft = discovery.light_header(Path(local), raw) if raw else None
-    if draft is None:
-        draft = hub.read_model_header(draft_ref, offline=offline)
-    return check_headers(target, draft)

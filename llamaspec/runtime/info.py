@@ -311,7 +311,7 @@ def collect() -> dict:
     """Everything `doctor` reports, as plain data."""
     import llama_cpp
 
-    import llamaspec
+    from llamaspec._version import __version__
 
     llama_cpp.llama_backend_init()
     system_info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
@@ -324,7 +324,7 @@ def collect() -> dict:
     features = _system_info_features(system_info)
     gpu = bool(llama_cpp.llama_supports_gpu_offload())
     return {
-        "llamaspec": llamaspec.__version__,
+        "llamaspec": __version__,
         "llama_cpp_python": llama_cpp.__version__,
         "python": platform.python_version(),
         "platform": f"{platform.system()} {platform.machine()}",

@@ -22,14 +22,14 @@ import re
 import statistics
 import subprocess
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
-    from llamaspec.spec.pipeline import NgramParams
     from llamaspec.runtime.llama import Model
+    from llamaspec.spec.options import NgramParams
 
 PLAIN = "plain"
 NATIVE_PREFIX = "native "
@@ -77,7 +77,7 @@ class BenchSettings:
     n: int = 256                        # tokens to generate per run
     threads: int | None = None          # None: all cores
     ctx: int = 4096
-    draft_path: Path | None = None      # for modes with draft-simple
+    draft_path: Path | None = None      # for modes that need a draft model
     draft_max: int | None = None        # None: the pipeline's default for the mode
     draft_p_min: float = 0.0
     adaptive: bool = True               # False: always draft draft_max tokens
@@ -196,7 +196,8 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 def run_mode(target: "Model", spec: str, prompt: Sequence[int], settings: BenchSettings,
              label: str | None = None) -> RepResult:
     """One greedy generation of `spec` ("none" = plain) on an already loaded target."""
-    from llamaspec.spec.pipeline import SpecOptions, load_pipeline, parse_spec_types
+    from llamaspec.spec.options import SpecOptions, parse_spec_types
+    from llamaspec.spec.pipeline import load_pipeline
     from llamaspec.spec.verify import SamplingParams
 
     types = parse_spec_types(spec)
@@ -240,25 +241,23 @@ def native_exe(bin_dir: Path) -> Path | None:
 
 
 def native_type(spec: str) -> str:
-    from llamaspec.spec.pipeline import parse_spec_types
+    from llamaspec.spec.options import parse_spec_types
 
     return ",".join(parse_spec_types(spec)) or "none"
 
 
 def native_command(bin_dir: Path, model: Path, spec: str, prompt_file: Path, settings: BenchSettings) -> list[str]:
     from llamaspec.runtime.llama import default_threads
+    from llamaspec.spec.options import NgramParams, native_flags
 
     exe = native_exe(bin_dir) or Path(bin_dir) / NATIVE_EXE
     kind = native_type(spec)
     cmd = [str(exe), "-m", str(model), "-f", str(prompt_file), "-n", str(settings.n), "--temp", "0",
            "-t", str(settings.threads or default_threads()), "-c", str(settings.ctx), "--spec-type", kind]
-    if "draft-simple" in kind.split(","):
-        cmd += ["-md", str(settings.draft_path), "--spec-draft-n-max", str(settings.native_draft_max)]
-    if "ngram" in kind:  # the same n-gram settings as our run, so the comparison is like for like
-        from llamaspec.spec.pipeline import NgramParams
-
-        cmd += (settings.ngram or NgramParams()).native_flags()
-    return cmd
+    # each type's own flags (the table's native_flags), with our run's values: like for like
+    values = {**asdict(settings.ngram or NgramParams()), "draft_path": settings.draft_path,
+              "native_draft_max": settings.native_draft_max}
+    return cmd + native_flags(kind, values)
 
 
 def run_native(bin_dir: Path, model: Path, spec: str, prompt_file: Path, settings: BenchSettings) -> RepResult:

@@ -206,16 +206,14 @@ class DraftLengthController:
         self.recover_pause = recover_pause
         self.probe_budget = probe_budget
         self.probe_k = min(n_max, max(self.n_min, 4)) if probe_k is None else probe_k
-        self._num = [0.0] * n_max  # decayed accepted counts per position
-        self._den = [0.0] * n_max  # decayed observed counts per position
-        self._pool_num = 0.0
-        self._pool_den = 0.0
-        # The same counts split by the outcome of the previous draft: acceptance comes in runs
+        self._pool_num = 0.0  # decayed accepted counts, all positions
+        self._pool_den = 0.0  # decayed observed counts (accepted + rejections)
+        # Per-position counts, split by the outcome of the previous draft: acceptance comes in runs
         # (a draft copied from the prompt is right until the text departs from it), so after a
         # fully accepted draft the next one is likelier to be right than the average says.
         self._state = 0  # 1: the previous draft was accepted in full
-        self._state_num = [[0.0] * n_max, [0.0] * n_max]
-        self._state_den = [[0.0] * n_max, [0.0] * n_max]
+        self._state_num = [[0.0] * n_max, [0.0] * n_max]  # decayed accepted counts per position
+        self._state_den = [[0.0] * n_max, [0.0] * n_max]  # decayed observed counts per position
         self._state_pool = [[0.0, 0.0], [0.0, 0.0]]  # [accepted, accepted + rejections] per state
         self._recent: deque[tuple[int, int]] = deque(maxlen=window)
         self._pause_left = 0
@@ -223,7 +221,6 @@ class DraftLengthController:
         self._probing = False
         self._skipped = 0  # plain steps of the current pause, not yet forgotten
         self._grace = 0
-        self.last_k = 0
         self.n_pauses = 0
 
     # -- estimates ----------------------------------------------------------------------------
@@ -279,10 +276,6 @@ class DraftLengthController:
 
     def choose(self) -> int:
         """Draft length for the next step; 0 means: do not draft (plain decode step)."""
-        self.last_k = self._choose()
-        return self.last_k
-
-    def _choose(self) -> int:
         if self.n_max <= 0:
             return 0
         if self._pause_left > 0:
@@ -297,7 +290,7 @@ class DraftLengthController:
         k, r = self.best()
         if r < self.min_gain:
             self._start_pause()
-            return self._choose()
+            return self.choose()
         return k
 
     def observe(self, n_drafted: int, n_accepted: int, verify_seconds: float | None = None,
@@ -313,8 +306,6 @@ class DraftLengthController:
         if n_drafted <= 0:
             return
         g = self.decay
-        self._num = [x * g for x in self._num]
-        self._den = [x * g for x in self._den]
         self._pool_num *= g
         self._pool_den *= g
         sn, sd = self._state_num[self._state], self._state_den[self._state]
@@ -326,12 +317,9 @@ class DraftLengthController:
         sp[1] = sp[1] * g + n_accepted + (1 if n_accepted < n_drafted else 0)
         limit = min(n_drafted, self.n_max)
         for i in range(min(n_accepted, limit)):
-            self._num[i] += 1.0
-            self._den[i] += 1.0
             sn[i] += 1.0
             sd[i] += 1.0
         if n_accepted < limit:
-            self._den[n_accepted] += 1.0
             sd[n_accepted] += 1.0
         self._state = 1 if n_accepted == n_drafted else 0
         self._pool_num += n_accepted
@@ -385,8 +373,6 @@ class DraftLengthController:
 
     def _forget(self, f: float) -> None:
         """Scale every acceptance count by f (estimates move towards the prior)."""
-        self._num = [x * f for x in self._num]
-        self._den = [x * f for x in self._den]
         self._pool_num *= f
         self._pool_den *= f
         for rows in (self._state_num, self._state_den, self._state_pool):
@@ -409,16 +395,3 @@ class DraftLengthController:
     @property
     def paused(self) -> bool:
         return self._pause_left > 0
-
-    def to_dict(self) -> dict:
-        k, r = self.best()
-        return {
-            "k": self.last_k,
-            "best_k": k,
-            "best_rate": r,
-            "alpha": self.alpha,
-            "verify_ratio_best": self.cost.verify_ratio(k),
-            "draft_ratio": self.cost.draft_ratio,
-            "paused": self.paused,
-            "n_pauses": self.n_pauses,
-        }

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 
 from llamaspec.spec.controller import CostModel, DraftLengthController
 from llamaspec.spec.drafters.base import Draft, Drafter
-from llamaspec.runtime.llama import Context, DecodeClock, Model, Utf8Stream
+from llamaspec.runtime.llama import DecodeClock, Model, Utf8Stream
+from llamaspec.runtime.context import Context
 from llamaspec.spec.metrics import SpecStats
 from llamaspec.spec.verify import (
     SamplingParams,
@@ -50,12 +51,17 @@ class GenerationConfig:
     adaptive: bool = True      # let the controller move k with the measured acceptance
 
 
+#: why a generation ended: an end-of-generation token, -n reached, a stop string, the context
+#: full, or interrupted (Ctrl-C / should_stop)
+StopReason = Literal["eos", "length", "stop", "context", "interrupted"]
+
+
 @dataclass
 class Generation:
     tokens: list[int]
     text: str
     n_prompt: int
-    stop_reason: str            # "eos" | "length" | "stop" | "context" | "interrupted"
+    stop_reason: StopReason
     stats: SpecStats
 
 
@@ -283,7 +289,7 @@ class _Output:
         self.on_text = on_text
         self.tokens: list[int] = []
         self.parts: list[str] = []
-        self.stop_reason = "length"  # "eos" | "length" | "stop" | "context" | "interrupted"
+        self.stop_reason: StopReason = "length"
         self._stream = Utf8Stream()
         self._stops = StopStrings(config.stop)
 

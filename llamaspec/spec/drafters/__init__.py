@@ -1,16 +1,14 @@
 """Drafters: one per method behind the small `Drafter` interface (see base.py)."""
 
 from llamaspec.spec.drafters.base import Draft, Drafter
-from llamaspec.spec.drafters.chain import PRIORITY, ChainDrafter, canonical_name, order_by_priority
-from llamaspec.spec.drafters.ngram import NgramModDrafter, NgramSimpleDrafter
+from llamaspec.spec.drafters.chain import ChainDrafter
+from llamaspec.spec.drafters.ngram_mod import NgramModDrafter
+from llamaspec.spec.drafters.ngram_simple import NgramSimpleDrafter
 
 __all__ = [
     "Draft",
     "Drafter",
     "ChainDrafter",
-    "PRIORITY",
-    "canonical_name",
-    "order_by_priority",
     "NgramSimpleDrafter",
     "NgramModDrafter",
 ]

@@ -2,7 +2,7 @@
 
 llama.cpp (`common_speculative_draft` / `common_speculative_accept`):
 - the implementations are tried in a fixed priority order (n-gram types first, then the ones with
-  a draft model); the first one that returns a non-empty draft wins and is credited with it;
+  a draft model; `priority` in options.SPEC_TYPES); the first one that returns a non-empty draft wins and is credited with it;
   the draft is cut to the caller's n_max;
 - after verification, the winner gets `accept(seq, n_accepted, is_other=false)` and is credited
   with the accepted tokens; every other implementation gets `accept(..., is_other=true)` so it can
@@ -13,66 +13,19 @@ member drafted, and what of it was accepted, is counted once, by the engine (`Sp
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from llamaspec.spec.drafters.base import Draft, Drafter
 
-__all__ = ["PRIORITY", "ALIASES", "canonical_name", "order_by_priority", "ChainDrafter"]
-
-#: llama.cpp's priority order of speculative types (common_speculative_init), highest first
-PRIORITY: tuple[str, ...] = (
-    "ngram-simple",
-    "ngram-map-k",
-    "ngram-map-k4v",
-    "ngram-mod",
-    "ngram-cache",
-    "draft-simple",
-    "draft-eagle3",
-    "draft-mtp",
-    "draft-dflash",
-    "draft-dspark",
-)
-
-#: names users type that llama.cpp does not accept, mapped to llama.cpp's names
-ALIASES: dict[str, str] = {
-    "mtp": "draft-mtp",
-    "draft": "draft-simple",
-}
-
-
-def canonical_name(name: str) -> str:
-    """llama.cpp's spec-type name for `name` (aliases resolved, case and spaces ignored).
-
-    >>> canonical_name(" MTP ")
-    'draft-mtp'
-    >>> canonical_name("ngram-mod")
-    'ngram-mod'
-    """
-    key = name.strip().lower()
-    key = ALIASES.get(key, key)
-    if key not in PRIORITY and key != "none":
-        raise ValueError(f"unknown speculative type {name!r}; known: {', '.join(PRIORITY)} "
-                         f"(aliases: {', '.join(sorted(ALIASES))})")
-    return key
-
-
-def order_by_priority(names: Iterable[str]) -> list[str]:
-    """Canonical names sorted in llama.cpp's priority order, duplicates and "none" dropped.
-
-    >>> order_by_priority(["mtp", "ngram-mod", "ngram-simple", "ngram-mod"])
-    ['ngram-simple', 'ngram-mod', 'draft-mtp']
-    """
-    seen = {canonical_name(n) for n in names}
-    seen.discard("none")
-    return [n for n in PRIORITY if n in seen]
+__all__ = ["ChainDrafter"]
 
 
 class ChainDrafter(Drafter):
     """Try `drafters` in the given order; the first non-empty draft wins (its `source` names it).
 
-    Build the list in priority order (see `order_by_priority`).
+    Build the list in priority order (see `options.order_by_priority`).
     """
 
     name = "chain"

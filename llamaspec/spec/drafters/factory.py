@@ -1,7 +1,8 @@
 """The one place that turns speculative-type names into drafters (transformers' factory pattern).
 
-Each canonical llama.cpp type name maps to a builder; several types become a ChainDrafter in
-llama.cpp's priority order. Shared code never branches on these names elsewhere.
+Each implemented llama.cpp type name (options.SPEC_TYPES) maps to a builder; several types become
+a ChainDrafter in llama.cpp's priority order. Shared code never branches on these names elsewhere:
+what a type needs (a draft model, MTP layers) it reads from the table.
 """
 
 from __future__ import annotations
@@ -9,17 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from llamaspec.errors import UsageError
 from llamaspec.spec.drafters.base import Drafter
 from llamaspec.spec.drafters.chain import ChainDrafter
-from llamaspec.errors import UsageError
+from llamaspec.spec.options import SpecOptions, parse_spec_types
 
 if TYPE_CHECKING:
-    from llamaspec.spec.pipeline import SpecOptions
-    from llamaspec.runtime.llama import Context, Model
+    from llamaspec.runtime.llama import Model
+    from llamaspec.runtime.context import Context
     from llamaspec.spec.verify import SamplingParams
-
-#: the types this build implements, in the words `--spec-type` accepts
-SUPPORTED = ("none", "draft-simple", "draft-mtp", "ngram-simple", "ngram-mod")
 
 
 @dataclass
@@ -29,13 +28,13 @@ class Built:
 
 
 def _ngram_simple(opts, target, ctx, sampling) -> Built:
-    from llamaspec.spec.drafters.ngram import NgramSimpleDrafter
+    from llamaspec.spec.drafters.ngram_simple import NgramSimpleDrafter
 
     return Built(NgramSimpleDrafter(size_n=opts.ngram.simple_size_n, size_m=opts.ngram.simple_size_m))
 
 
 def _ngram_mod(opts, target, ctx, sampling) -> Built:
-    from llamaspec.spec.drafters.ngram import NgramModDrafter
+    from llamaspec.spec.drafters.ngram_mod import NgramModDrafter
 
     g = opts.ngram
     return Built(NgramModDrafter(n_match=g.mod_n_match, n_min=g.mod_n_min, n_max=g.mod_n_max))
@@ -43,7 +42,8 @@ def _ngram_mod(opts, target, ctx, sampling) -> Built:
 
 def _draft_model(opts, target, ctx, sampling) -> Built:
     from llamaspec.spec.drafters.model import ModelDrafter
-    from llamaspec.runtime.llama import Context as Ctx, ContextConfig, Model
+    from llamaspec.runtime.llama import Model
+    from llamaspec.runtime.context import Context as Ctx, ContextConfig
     from llamaspec.spec.verify import target_distribution
 
     if opts.draft_path is None:
@@ -74,13 +74,10 @@ _BUILDERS: dict[str, Callable[..., Built]] = {
 }
 
 
-def build_drafter(opts: "SpecOptions", target: "Model", ctx: "Context", sampling: "SamplingParams") -> Built:
-    """Drafter for opts.spec_types (already canonical and priority-ordered); None for plain decoding."""
-    unknown = [t for t in opts.spec_types if t not in _BUILDERS]
-    if unknown:
-        raise UsageError(f"speculative type {unknown[0]!r} is not implemented by llamaspec",
-                         f"use one of: {', '.join(SUPPORTED)}")
-    built = [_BUILDERS[t](opts, target, ctx, sampling) for t in opts.spec_types]
+def build_drafter(opts: SpecOptions, target: "Model", ctx: "Context", sampling: "SamplingParams") -> Built:
+    """Drafter for opts.spec_types (put in priority order here); None for plain decoding.
+    Unknown types and types llamaspec does not implement are usage errors."""
+    built = [_BUILDERS[t](opts, target, ctx, sampling) for t in parse_spec_types(opts.spec_types)]
     if not built:
         return Built(None)
     draft_model = next((b.draft_model for b in built if b.draft_model is not None), None)

@@ -1,4 +1,4 @@
-"""`draft`: a separate, smaller GGUF with the target's vocabulary, in a context of its own.
+"""`draft-simple`: a separate, smaller GGUF with the target's vocabulary, in a context of its own.
 
 The draft context's KV cache is kept in step with the sequence incrementally: each `propose`
 removes the draft tokens the target rejected, evaluates only the tokens the draft has not seen
@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from llamaspec.spec.drafters.base import Draft, Drafter
-from llamaspec.runtime.llama import Context
+from llamaspec.runtime.context import Context
 from llamaspec.spec.verify import fit_to_vocab, sample_dense
 
 #: llama.cpp's draft sampler keeps the 10 best candidates before its softmax (common/speculative.cpp)
@@ -46,7 +46,7 @@ def top_probability(row: np.ndarray, top_k: int = P_MIN_TOP_K) -> tuple[int, flo
 
 
 class ModelDrafter(Drafter):
-    name = "draft"
+    name = "draft-simple"
 
     def __init__(self, ctx: Context, *, p_min: float = 0.0,
                  distribution: Callable[[np.ndarray, Sequence[int]], np.ndarray] | None = None,

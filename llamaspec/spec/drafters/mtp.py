@@ -45,7 +45,8 @@ import llama_cpp.llama_cpp_ext as llama_ext
 from llamaspec.runtime import llama as runtime
 from llamaspec.spec.drafters.base import Draft, Drafter
 from llamaspec.errors import ModelLoadError, UsageError
-from llamaspec.runtime.llama import Context, ContextConfig, Model
+from llamaspec.runtime.llama import Model
+from llamaspec.runtime.context import Context, ContextConfig
 
 TOP_K = 10  # llama.cpp's MTP draft sampler: top-k 10, then the first candidate
 

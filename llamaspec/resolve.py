@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from llamaspec.errors import UsageError
-from llamaspec.spec.pipeline import parse_spec_types
+from llamaspec.spec.options import DRAFT_MODEL_TYPE, needs_draft_model, parse_spec_types
 
 
 @dataclass
@@ -43,9 +43,9 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
             force_draft: bool = False, search: Sequence[Path] = ()) -> Resolved:
     from llamaspec import hub
 
+    types = parse_spec_types(spec_type)   # flags first: no download before a usage error
     target_ref = model or default_target()
     target_path = hub.resolve_model(target_ref, offline=offline)
-    types = parse_spec_types(spec_type)
     r = Resolved(target_ref, target_path, types)
 
     if draft is not None and draft.lower() == "auto":
@@ -63,9 +63,9 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
             check_explicit_draft(str(target_path), draft, force_draft, offline=offline)
             r.draft_ref = draft
             r.draft_path = hub.resolve_model(draft, offline=offline)
-            if "draft-simple" not in r.spec_types:
-                r.spec_types = parse_spec_types(r.spec_types + ["draft-simple"])
-    if "draft-simple" in r.spec_types and r.draft_path is None:
+            if not needs_draft_model(r.spec_types):
+                r.spec_types = parse_spec_types(r.spec_types + [DRAFT_MODEL_TYPE])
+    if needs_draft_model(r.spec_types) and r.draft_path is None:
         raise UsageError("--spec-type draft needs a draft model", "add --draft PATH or --draft auto")
     return r
 
@@ -75,8 +75,7 @@ def _auto(r: Resolved, search: Sequence[Path], offline: bool) -> None:
 
     choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline)
     r.notes.append(f"--draft auto: {choice.reason}")
-    kind = {"mtp": "draft-mtp", "draft": "draft-simple", "ngram-mod": "ngram-mod"}[choice.kind]
-    if kind == "draft-simple":
+    if needs_draft_model([choice.kind]):   # choice.kind is already llama.cpp's spec-type name
         r.draft_path = choice.path
         r.draft_ref = choice.label or str(choice.path)
-    r.spec_types = parse_spec_types(r.spec_types + [kind])
+    r.spec_types = parse_spec_types(r.spec_types + [choice.kind])

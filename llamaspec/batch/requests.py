@@ -1,0 +1,234 @@
+"""Requests of `llamaspec batch MODEL INPUT -o OUTPUT` (and the I/O around them, results.py): JSONL requests in, one JSONL record per
+request out, written so that a kill at any instant loses at most the record being written.
+
+Plain Python (no llama_cpp, no CLI libraries), so all of it is tested without a model. The runner
+reads INPUT (`read_input`), parses it (`parse_requests`), checks that OUTPUT belongs to a job with
+the same settings (`check_or_write_manifest`), skips what OUTPUT holds (`OutputFile.done_ids`)
+and appends one record per request (`result_record` / `error_record`). INPUT lines are
+llamaspec's form or, when they have "custom_id" or "body", the OpenAI batch form (vLLM's
+`run-batch`, OpenAI's Batch API); unknown keys are ignored in both:
+
+    {"id": "q1", "prompt": "Hi", "max_tokens": 8, "temperature": 0, "seed": 1, "stop": "\\n"}
+    {"id": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
+     "body": {"model": "ignored", "messages": [...], "max_completion_tokens": 8, "top_p": 0.9}}
+
+Worked example:
+
+>>> items = parse_requests(['{"id": 7, "prompt": "Hi", "stop": "."}', '', '{"prompt": 3}'])
+>>> items[0]  # doctest: +NORMALIZE_WHITESPACE
+Request(id='7', line=1, prompt='Hi', messages=None, max_tokens=None, temperature=None,
+        seed=None, stop=['.'], top_p=None, openai=None)
+>>> items[1]
+LineError(id='line-3', line=3, message='prompt must be a string, got number', openai=None)
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from typing import IO, Any, Iterable
+
+from llamaspec.errors import InputError
+
+__all__ = ["Request", "LineError", "parse_requests", "read_input", "CHAT", "COMPLETIONS"]
+
+CHAT, COMPLETIONS = "chat", "completions"
+_URLS = {"/v1/chat/completions": CHAT, "/v1/completions": COMPLETIONS}
+_UNKNOWN = "?"  # the form of a line too broken to tell; parse_requests gives it the file's form
+
+
+@dataclass
+class Request:
+    """One request to run. `openai` is None (llamaspec's form) or "chat" / "completions" (the
+    OpenAI url it came with): it decides the shape of its OUTPUT record. Exactly one of `prompt`
+    and `messages` is set; messages are [{"role", "content"}] with string content. A None
+    sampling field means the job's default."""
+
+    id: str
+    line: int
+    prompt: str | None
+    messages: list[dict] | None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    top_p: float | None = None
+    openai: str | None = None
+
+
+@dataclass
+class LineError:
+    """A malformed INPUT line: the job goes on and OUTPUT gets an error record for it. `id` is the
+    line's own id when readable, else "line-N"; `message` is one line, without the line number."""
+
+    id: str
+    line: int
+    message: str
+    openai: str | None = None
+
+
+class _Bad(Exception):
+    """A malformed line; always turned into a LineError inside this module."""
+
+
+def _jtype(v: Any) -> str:
+    """JSON's name for a value's type, as the user wrote it."""
+    if v is None or isinstance(v, bool):
+        return "null" if v is None else "boolean"
+    names = {str: "string", int: "number", float: "number", list: "array", dict: "object"}
+    return names.get(type(v), type(v).__name__)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")  # Python's json takes NaN/Infinity; JSON does not
+
+
+def _int(d: dict, key: str, lo: int | None = None) -> int | None:
+    v = d.get(key)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+        raise _Bad(f"{key} must be an integer, got {_jtype(v)}")
+    if v is not None and lo is not None and v < lo:
+        raise _Bad(f"{key} must be at least {lo}, got {v}")
+    return v
+
+
+def _num(d: dict, key: str, hi: float | None = None) -> float | None:
+    """A number >= 0, or in (0, hi] when `hi` is given (top_p)."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _Bad(f"{key} must be a number, got {_jtype(v)}")
+    if v < 0 or (hi is not None and not 0 < v <= hi):
+        raise _Bad(f"{key} must be in {'>= 0' if hi is None else f'(0, {hi:g}]'}, got {v}")
+    return float(v)
+
+
+def _messages(v: Any) -> list[dict]:
+    if not isinstance(v, list) or not v:
+        raise _Bad(f"messages must be a non-empty array of {{role, content}}, got {_jtype(v)}")
+    out = []
+    for i, m in enumerate(v):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _Bad(f"messages[{i}] must be an object with a string role, got {_jtype(m)}")
+        c = m.get("content")
+        if isinstance(c, list):  # OpenAI content parts: text ones, joined with "\n" as vLLM does
+            if not all(isinstance(p, dict) and p.get("type") == "text"
+                       and isinstance(p.get("text"), str) for p in c):
+                raise _Bad(f"messages[{i}].content: only text parts are supported")
+            c = "\n".join(p["text"] for p in c)
+        if not isinstance(c, str):
+            raise _Bad(f"messages[{i}].content must be a string, got {_jtype(c)}")
+        out.append({"role": m["role"], "content": c})
+    return out
+
+
+def _stop(v: Any) -> list[str]:
+    stops = [] if v is None else [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise _Bad("stop must be a non-empty string or an array of them")
+    return list(stops)
+
+
+def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
+    """The fields both forms share (`d` is the line, or the OpenAI body; unknown keys ignored)."""
+    prompt, messages = d.get("prompt"), d.get("messages")
+    if openai == CHAT and messages is None:
+        raise _Bad("body has no messages (url /v1/chat/completions)")
+    if openai == COMPLETIONS and prompt is None:
+        raise _Bad("body has no prompt (url /v1/completions)")
+    if (prompt is None) == (messages is None):
+        raise _Bad('give "prompt" or "messages", not both' if prompt is not None
+                   else 'no "prompt" or "messages"')
+    if prompt is not None and not isinstance(prompt, str):
+        raise _Bad(f"prompt must be a string, got {_jtype(prompt)}")
+    max_tokens, max_completion = _int(d, "max_tokens", 1), _int(d, "max_completion_tokens", 1)
+    if None not in (max_tokens, max_completion) and max_tokens != max_completion:
+        raise _Bad(f"max_tokens ({max_tokens}) and max_completion_tokens ({max_completion}) differ")
+    return Request(rid, line, prompt, None if messages is None else _messages(messages),
+                   max_completion if max_completion is not None else max_tokens,
+                   _num(d, "temperature"), _int(d, "seed"), _stop(d.get("stop")),
+                   _num(d, "top_p", 1.0), openai)
+
+
+def _parse_line(text: str, line: int) -> Request | LineError:
+    rid, form = f"line-{line}", _UNKNOWN
+    try:
+        try:
+            obj = json.loads(text, parse_constant=_no_constant)
+        except ValueError as e:
+            where = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+            raise _Bad(f"invalid JSON: {getattr(e, 'msg', e)}{where}") from None
+        if not isinstance(obj, dict):
+            raise _Bad(f"a line must be a JSON object, got {_jtype(obj)}")
+        is_openai = "custom_id" in obj or "body" in obj  # "url" alone may be a dataset's field
+        key = "custom_id" if is_openai else "id"
+        v = obj.get(key)
+        if v is not None:
+            if not (isinstance(v, str) and v or isinstance(v, int) and not isinstance(v, bool)):
+                raise _Bad(f"{key} must be a non-empty string or an integer, got {_jtype(v)}")
+            rid = str(v)
+        if not is_openai:
+            form = None
+            return _request(obj, rid, line, None)
+        url = obj.get("url")
+        kind = _URLS.get(url) if isinstance(url, str) else None
+        form = kind or CHAT  # any OpenAI form gives a bad url's error record the right shape
+        if obj.get("method", "POST") != "POST":
+            raise _Bad(f"method must be POST, got {json.dumps(obj['method'])}")
+        if kind is None:
+            raise _Bad(f"unsupported url {json.dumps(url)}: "
+                       "use /v1/chat/completions or /v1/completions")
+        if not isinstance(obj.get("body"), dict):
+            raise _Bad(f"body must be an object, got {_jtype(obj.get('body'))}")
+        return _request(obj["body"], rid, line, kind)
+    except _Bad as e:
+        return LineError(rid, line, str(e), form)
+
+
+def parse_requests(lines: Iterable[str]) -> list[Request | LineError]:
+    """Parse INPUT lines (numbered from 1; blank ones skipped). A malformed line becomes a
+    LineError in its place; one too broken to show its form takes the file's form (that of its
+    first readable line), so an OpenAI batch file gets only OpenAI-shaped records. Raises
+    InputError on a duplicate id (derived "line-N" ids included) before any work starts."""
+    items = [_parse_line(t, n) for n, t in enumerate(lines, 1) if t.strip()]
+    default = next((it.openai for it in items if it.openai != _UNKNOWN), None)
+    items = [replace(it, openai=default) if it.openai == _UNKNOWN else it for it in items]
+    seen: dict[str, int] = {}
+    for it in items:
+        if it.id in seen:
+            raise InputError(f"duplicate id {json.dumps(it.id)} on lines {seen[it.id]} and "
+                             f"{it.line}", hint="give each line its own id (or none: line-N)")
+        seen[it.id] = it.line
+    return items
+
+
+def read_input(path_or_dash: str, stdin: IO[bytes] | None = None) -> list[str]:
+    """INPUT's lines, from a file or "-" (standard input). Split on "\\n" only: JSON strings may
+    hold U+2028 and friends, which str.splitlines would split on."""
+    name = "standard input" if path_or_dash == "-" else path_or_dash
+    try:
+        if path_or_dash == "-":
+            data = (stdin if stdin is not None else sys.stdin.buffer).read()
+        elif os.path.isdir(path_or_dash):
+            raise InputError(f"input is a directory: {path_or_dash}", hint="give a JSONL file")
+        else:
+            with open(path_or_dash, "rb") as f:
+                data = f.read()
+    except FileNotFoundError:
+        raise InputError(f"input file not found: {path_or_dash}",
+                         hint="check the path, or give - to read standard input") from None
+    except PermissionError:
+        raise InputError(f"cannot read {path_or_dash}: permission denied",
+                         hint="check file permissions") from None
+    data = data.removeprefix(codecs.BOM_UTF8)  # a BOM would break the first line's JSON
+    try:
+        return data.decode("utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise InputError(f"{name} is not UTF-8: byte 0x{data[e.start]:02x} on line {line}",
+                         hint="convert it to UTF-8 (e.g. iconv -t UTF-8)") from None

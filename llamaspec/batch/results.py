@@ -1,0 +1,265 @@
+"""Records of `llamaspec batch`: one JSONL line per request (llamaspec's form or the OpenAI batch
+output form), appended and fsynced one at a time so a kill loses at most the line being written;
+resume reads back what is done; a manifest beside OUTPUT refuses to mix settings in one file.
+
+>>> from llamaspec.batch.requests import parse_requests
+>>> ok, bad = parse_requests(['{"id": 7, "prompt": "Hi"}', '{"prompt": 3}'])
+>>> result_record(ok, "Hello", "stop", {"n_prompt": 3, "n_generated": 2}, "m.gguf")
+{'id': '7', 'text': 'Hello', 'finish_reason': 'stop', 'n_prompt': 3, 'n_generated': 2}
+>>> error_record(bad, bad.message)
+{'id': 'line-2', 'error': {'message': 'prompt must be a string, got number', 'line': 2}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+import uuid
+from contextlib import suppress
+from typing import Any, Iterable, Iterator
+
+from llamaspec.batch.requests import CHAT, LineError, Request
+from llamaspec.errors import InputError, UsageError
+
+__all__ = ["result_record", "error_record", "OutputFile", "check_or_write_manifest", "manifest_path"]
+
+MANIFEST_SUFFIX = ".llamaspec.json"
+
+
+def _openai_line(custom_id: str, status: int, body: dict) -> dict:
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
+            "response": {"status_code": status, "request_id": uuid.uuid4().hex, "body": body},
+            "error": None}
+
+
+def result_record(req: Request, text: str, finish_reason: str, stats: dict, model: str) -> dict:
+    """The OUTPUT line of a finished request. `stats` holds at least `n_prompt` and
+    `n_generated`. Own form: {"id", "text", "finish_reason", **stats}. OpenAI form: {"id":
+    "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id", "body": {"object":
+    "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content":
+    text}, "logprobs": null, "finish_reason"}], "usage": {"prompt_tokens", "completion_tokens",
+    "total_tokens"}, "id", "created", "model"}}, "error": null}; for /v1/completions the body is
+    a "text_completion" with choices[0].text."""
+    if req.openai is None:
+        rec = {"id": req.id, "text": text, "finish_reason": finish_reason}
+        rec.update((k, v) for k, v in stats.items() if k not in rec)
+        return rec
+    chat = req.openai == CHAT
+    choice = {"index": 0, **({"message": {"role": "assistant", "content": text}} if chat
+                             else {"text": text}), "logprobs": None, "finish_reason": finish_reason}
+    p, c = stats["n_prompt"], stats["n_generated"]
+    body = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()), "model": model, "choices": [choice],
+            "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}
+    return _openai_line(req.id, 200, body)
+
+
+def error_record(item: Request | LineError, message: str, code: str | None = None,
+                 status: int = 400) -> dict:
+    """The OUTPUT line of a failed request or a malformed line. Own form: {"id", "error":
+    {"message", "line"}}. OpenAI form: what OpenAI's batch output holds for a request the API
+    rejects, an HTTP error response with a null top-level `error` (that one is documented "for
+    requests that failed with a non-HTTP error", e.g. batch_expired): {"id": "batch_req_…",
+    "custom_id", "response": {"status_code": 400, "request_id", "body": {"error": {"message":
+    "line N: …", "type": "invalid_request_error", "param": null, "code": code}}}, "error": null}.
+    A status >= 500 (our failure, not the request's) gives type "server_error"."""
+    if item.openai is None:
+        return {"id": item.id, "error": {"message": message, "line": item.line}}
+    err = {"message": f"line {item.line}: {message}",
+           "type": "invalid_request_error" if status < 500 else "server_error",
+           "param": None, "code": code}
+    return _openai_line(item.id, status, {"error": err})
+
+
+def _finite(v: Any) -> Any:
+    """NaN/Infinity as null: json.dumps writes them, but they are not JSON (jq refuses them)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return {k: _finite(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a created or renamed file's directory entry durable too (impossible on Windows)."""
+    with suppress(OSError):
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_atomic(path: str, chunks: Iterable[bytes]) -> None:
+    """Write a temp file beside `path`, fsync it, rename it over `path`: old or new, never half."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                               prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        try:  # mkstemp makes 0600: keep the replaced file's mode, else the usual 0644
+            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        except FileNotFoundError:
+            os.chmod(tmp, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path)
+
+
+def _record_info(rec: Any) -> tuple[str, bool] | None:
+    """(id, failed) of an OUTPUT record in either form; None if it is not one."""
+    if isinstance(rec, dict) and "custom_id" in rec:
+        resp = rec.get("response")
+        ok = rec.get("error") is None and isinstance(resp, dict) and resp.get("status_code") == 200
+        return str(rec["custom_id"]), not ok
+    if isinstance(rec, dict) and "id" in rec:
+        return str(rec["id"]), rec.get("error") is not None
+    return None
+
+
+class OutputFile:
+    """OUTPUT, opened for appending one durable record at a time:
+
+        out = OutputFile("out.jsonl")
+        done = out.done_ids()       # also cuts an incomplete last line left by a kill
+        for req in requests:
+            if req.id not in done:
+                out.append(result_record(req, ...))
+
+    Failed records count as done: a malformed line would fail the same way again, and so would
+    a prompt too long for the context. `done_ids(include_failed=False)` (a `--retry-failed`)
+    removes the failed records from the file instead, so that redoing them leaves one record
+    per id."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        existed = os.path.exists(self.path)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        if not existed:
+            _fsync_dir(self.path)
+        self._checked = False
+
+    def _lines(self) -> Iterator[tuple[int, bytes, tuple[str, bool] | None]]:
+        """(line number, bytes, (id, failed), or None for a line without newline or not JSON)."""
+        with open(self.path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    rec = json.loads(raw.decode("utf-8")) if raw.endswith(b"\n") else None
+                except ValueError:
+                    rec = None
+                if rec is not None and _record_info(rec) is None:
+                    raise InputError(f"{self.path}: line {n} is not a llamaspec batch record",
+                                     hint="give a new -o")
+                yield n, raw, _record_info(rec)
+
+    def done_ids(self, include_failed: bool = True) -> set[str]:
+        """Ids (own `id` or OpenAI `custom_id`) of OUTPUT's complete records. An incomplete last
+        line (no newline or not JSON: a kill mid-write, a crash's zero-filled tail) is cut off,
+        so it is redone; a broken line before the last is not ours to cut: InputError."""
+        done: set[str] = set()
+        good_end, bad, n_failed = 0, None, 0
+        for n, raw, info in self._lines():
+            if bad is not None:
+                raise InputError(f"{self.path}: line {bad} is not a complete JSON record",
+                                 hint="remove that line (or give a new -o) and run again")
+            if info is None:
+                bad = n
+                continue
+            good_end += len(raw)
+            if info[1] and not include_failed:
+                n_failed += 1
+            else:
+                done.add(info[0])
+        if bad is not None:
+            os.ftruncate(self._fd, good_end)
+            os.fsync(self._fd)
+        if n_failed:
+            _write_atomic(self.path, (raw for _, raw, info in self._lines() if not info[1]))
+            os.close(self._fd)  # ours is the replaced file's descriptor
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        self._checked = True
+        return done
+
+    def append(self, record: dict) -> None:
+        """Write one JSON line and fsync it before returning: a kill at any instant leaves at
+        most one incomplete last line, which the next `done_ids()` cuts."""
+        if not self._checked:
+            self.done_ids()  # never glue a record onto a previous run's half line
+        data = memoryview((json.dumps(_finite(record), ensure_ascii=False) + "\n").encode())
+        while data:
+            data = data[os.write(self._fd, data):]
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> OutputFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def manifest_path(output_path: str | os.PathLike) -> str:
+    return os.fspath(output_path) + MANIFEST_SUFFIX
+
+
+def _first_difference(old: dict, new: dict, prefix: str = "") -> tuple[str, str, str]:
+    """(dotted key, old, new) of the first differing setting, in the new settings' order."""
+    absent = object()
+    for key in [*new, *(k for k in old if k not in new)]:
+        a, b = old.get(key, absent), new.get(key, absent)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                return _first_difference(a, b, f"{prefix}{key}.")
+            a, b = ("(absent)" if v is absent else json.dumps(v) for v in (a, b))
+            return f"{prefix}{key}", a, b
+    raise AssertionError("no difference")
+
+
+def check_or_write_manifest(output_path: str | os.PathLike, settings: dict,
+                            force: bool = False) -> str:
+    """Keep one OUTPUT to one job's settings, recorded in OUTPUT + ".llamaspec.json". `settings`
+    is the caller's JSON-able fingerprint (model and draft identity, spec types, sampling, max
+    tokens...). Returns "written" (no OUTPUT yet, or an empty one), "unchanged" (a resume) or
+    "overwritten" (force). Raises UsageError when OUTPUT holds records of other settings (naming
+    the first differing key: "out.jsonl was started with other settings: temp was 0.0, now
+    0.7") or has no manifest."""
+    out, mpath = os.fspath(output_path), manifest_path(output_path)
+    if os.path.isdir(out):
+        raise UsageError(f"-o {out} is a directory", hint="give a file path")
+    new = json.loads(json.dumps(settings))  # as a re-read will see it (tuples become lists)
+    status = "written"
+    if os.path.exists(out) and os.path.getsize(out) > 0:
+        try:
+            with open(mpath, encoding="utf-8") as f:
+                old = json.load(f).get("settings")
+            problem = None if isinstance(old, dict) else f"{mpath} holds no settings"
+        except FileNotFoundError:
+            old, problem = None, f"{out} exists without {os.path.basename(mpath)} " \
+                                 "(it was not written by llamaspec batch)"
+        except (ValueError, AttributeError) as e:
+            old, problem = None, f"{mpath} is unreadable ({type(e).__name__})"
+        if problem is None and old == new:
+            return "unchanged"
+        if not force:
+            if problem is None:
+                key, a, b = _first_difference(old, new)
+                problem = f"{out} was started with other settings: {key} was {a}, now {b}"
+            raise UsageError(problem, hint="--force to continue with the new settings, or a new -o")
+        status = "overwritten"
+    doc = {"format": "llamaspec-batch/1", "settings": new}
+    _write_atomic(mpath, [(json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()])
+    return status

@@ -1,0 +1,197 @@
+"""The flags several commands take, each declared once with its range check.
+
+A command names a shared flag by its type (`draft_p_min: DraftPMinOpt = 0.0`). Range checks are
+typer callbacks built by `at_least` / `in_range` / `draft_length`, so they run while the flags are
+parsed (before any model is resolved or downloaded) and fail as a `UsageError`: the same one line
+and exit code 2 as every other flag error. Checks that relate two flags stay with the command.
+
+Flags that together make one value are flag groups, added by a decorator in place of a
+keyword-only parameter of the command:
+
+    @app.command()
+    @output_flags                      # --json, -q, -v  -> out: Output (configured)
+    @ngram_flags                       # --spec-ngram-*  -> ngram: NgramParams (checked)
+    def run(model: ..., *, ngram: NgramParams, out: Output) -> None: ...
+
+Nothing here imports llama_cpp: `llamaspec --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from llamaspec.cli import _output as output
+from llamaspec.errors import InputError, UsageError
+from llamaspec.runtime.cpu import AMX_HELP
+from llamaspec.spec.options import MAX_DRAFT, NgramParams  # (no llama_cpp import)
+
+
+# ---- range checks (typer callbacks; None means the flag was not given) ----------------------------
+
+
+def at_least(flag: str, minimum: int, hint: str | None = None) -> Callable[[Any], Any]:
+    def check(value):
+        if value is not None and value < minimum:
+            raise UsageError(f"{flag} must be >= {minimum}", hint)
+        return value
+
+    return check
+
+
+def in_range(flag: str, low: int, high: int, *, open_low: bool = False) -> Callable[[Any], Any]:
+    """[low, high], or (low, high] with open_low."""
+
+    def check(value):
+        if value is not None and not (low < value <= high if open_low else low <= value <= high):
+            raise UsageError(f"{flag} must be in {'(' if open_low else '['}{low}, {high}]")
+        return value
+
+    return check
+
+
+def check_draft_length(value: int | None, flag: str) -> None:
+    """A draft length must fit one verify batch (llama.cpp's n_batch, 512, with the last token)."""
+    if value is not None and value > MAX_DRAFT:
+        raise UsageError(f"{flag} must be at most {MAX_DRAFT}",
+                         f"a verify step evaluates the last token and the draft in one batch of "
+                         f"{MAX_DRAFT + 1}; the adaptive length rarely goes past 32")
+
+
+def draft_length(flag: str, minimum: int) -> Callable[[Any], Any]:
+    lower = at_least(flag, minimum)
+
+    def check(value):
+        check_draft_length(lower(value), flag)
+        return value
+
+    return check
+
+
+# ---- shared flags --------------------------------------------------------------------------------
+
+PromptOpt = Annotated[Optional[str], typer.Option("-p", "--prompt", help="Prompt text.")]
+FileOpt = Annotated[Optional[Path], typer.Option("-f", "--file", help="Read the prompt from a file.")]
+ThreadsOpt = Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: all).")]
+ChatOpt = Annotated[Optional[bool], typer.Option(
+    "--chat/--raw", help="Apply the model's chat template (default when it has one) or send raw text.")]
+AmxOpt = Annotated[Optional[bool], typer.Option("--amx/--no-amx", help=AMX_HELP)]
+OfflineOpt = Annotated[bool, typer.Option(
+    "--offline", help="Never use the network (local files and cache only).")]
+ForceDraftOpt = Annotated[bool, typer.Option(
+    "--force-draft", help="Use a draft that fails the vocabulary check.")]
+FixedDraftOpt = Annotated[bool, typer.Option(
+    "--fixed-draft", help="Always draft --draft-max tokens (no adaptive draft length).")]
+DraftPMinOpt = Annotated[float, typer.Option(
+    "--draft-p-min", "--spec-draft-p-min", help="Draft model stops when its top probability is below this.",
+    callback=in_range("--draft-p-min", 0, 1))]
+
+
+def _draft_max_opt(minimum: int) -> Any:
+    return Annotated[Optional[int], typer.Option(
+        "--draft-max", "--spec-draft-n-max", help="Most draft tokens per step (adaptive below it).",
+        callback=draft_length("--draft-max", minimum))]
+
+
+DraftMaxOpt = _draft_max_opt(0)          # run: 0 drafts nothing
+DraftMaxMeasuredOpt = _draft_max_opt(1)  # bench: every measured mode drafts
+
+CTX_SIZE_CHECK = at_least("-c/--ctx-size", 0, "0 uses the model's training context")
+
+
+def read_prompt_file(path: Path) -> str:
+    """The text of a -f prompt file, with one-line errors for the ways it can be wrong."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"prompt file not found: {path}", "check the path given to -f") from None
+    except IsADirectoryError:
+        raise InputError(f"prompt file is a directory: {path}", "give -f a text file") from None
+    except UnicodeDecodeError:
+        raise InputError(f"prompt file is not UTF-8 text: {path}", "give a text file") from None
+
+
+# ---- flag groups ---------------------------------------------------------------------------------
+
+
+def _flag_group(name: str, flags: dict[str, tuple[Any, Any]], build: Callable[..., Any]):
+    """A decorator: the command's keyword-only parameter `name` becomes `flags` (parameter name
+    -> (Annotated type, default)) at the same place in its --help, and the command is called with
+    `name` = build(**the values of those flags)."""
+    group = [inspect.Parameter(p, inspect.Parameter.KEYWORD_ONLY, annotation=t, default=d)
+             for p, (t, d) in flags.items()]
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(command)
+        params = list(sig.parameters.values())
+        at = [p.name for p in params].index(name)
+        if params[at].kind is not inspect.Parameter.KEYWORD_ONLY:
+            raise TypeError(f"{command.__name__}: `{name}` must be keyword-only (after `*`)")
+        # Typer needs the annotations as objects; `from __future__ import annotations` made them
+        # strings, resolved here in the command's module. Keyword-only parameters are the flag
+        # groups' places (this one or another decorator's): their annotations are never needed.
+        params = [p.replace(annotation=eval(p.annotation, command.__globals__))
+                  if isinstance(p.annotation, str) and p.kind is not p.KEYWORD_ONLY else p for p in params]
+        params[at:at + 1] = group
+
+        @functools.wraps(command)
+        def with_group(**kwargs: Any) -> Any:
+            kwargs[name] = build(**{p: kwargs.pop(p) for p in flags})
+            return command(**kwargs)
+
+        with_group.__signature__ = sig.replace(parameters=params, return_annotation=None)  # type: ignore[attr-defined]
+        with_group.__annotations__ = {p.name: p.annotation for p in params}
+        return with_group
+
+    return decorate
+
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout instead of tables.")]
+QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help="Print only the essential result; no progress.")]
+VerboseOpt = Annotated[bool, typer.Option("-v", "--verbose", help="More detail on stderr.")]
+
+# Every command: how it prints. The command gets `out`, the configured printer.
+output_flags = _flag_group(
+    "out", {"json": (JsonOpt, False), "quiet": (QuietOpt, False), "verbose": (VerboseOpt, False)},
+    lambda json, quiet, verbose: output.configure(json=json, quiet=quiet, verbose=verbose))
+
+
+# llama.cpp's n-gram drafter flags (run and bench); unset flags keep llamaspec's default (NgramParams).
+NgramSizeNOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-simple-size-n", help="ngram-simple: n-gram length to match (llamaspec 6, llama.cpp 12).")]
+NgramSizeMOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-simple-size-m", help="ngram-simple: tokens copied after a match (48).")]
+NgramModMatchOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-mod-n-match", help="ngram-mod: n-gram length hashed (llamaspec 6, llama.cpp 24).")]
+NgramModMinOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-mod-n-min", help="ngram-mod: shortest draft kept (llamaspec 4, llama.cpp 48).")]
+NgramModMaxOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-mod-n-max", help="ngram-mod: longest draft (64).")]
+
+
+def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, mod_min: int | None,
+                 mod_max: int | None) -> NgramParams:
+    """NgramParams from the --spec-ngram-* flags, checked; unset flags keep the defaults."""
+    given = {"simple_size_n": size_n, "simple_size_m": size_m, "mod_n_match": mod_match,
+             "mod_n_min": mod_min, "mod_n_max": mod_max}
+    for name, value in given.items():
+        at_least(f"--spec-ngram-{name.replace('_', '-')}", 1)(value)
+    for name in ("simple_size_m", "mod_n_max"):  # draft lengths: one verify batch
+        check_draft_length(given[name], f"--spec-ngram-{name.replace('_', '-')}")
+    params = replace(NgramParams(), **{k: v for k, v in given.items() if v is not None})
+    if params.mod_n_min > params.mod_n_max:
+        raise UsageError("--spec-ngram-mod-n-min must not exceed --spec-ngram-mod-n-max")
+    return params
+
+
+# run and bench: the command gets `ngram`, checked NgramParams.
+ngram_flags = _flag_group(
+    "ngram", {"ngram_size_n": (NgramSizeNOpt, None), "ngram_size_m": (NgramSizeMOpt, None),
+              "ngram_mod_match": (NgramModMatchOpt, None), "ngram_mod_min": (NgramModMinOpt, None),
+              "ngram_mod_max": (NgramModMaxOpt, None)},
+    lambda **flags: ngram_params(*flags.values()))  # (the values come in the order declared above)

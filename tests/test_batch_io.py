@@ -1,0 +1,481 @@
+"""The pure I/O layer of `llamaspec batch`: input forms, per-line failures, output records in both
+forms, kill-safe appends with resume, and the job-settings manifest. No model needed."""
+
+from __future__ import annotations
+
+import doctest
+import io
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import llamaspec.batch as bio
+from llamaspec.batch import (
+    LineError,
+    OutputFile,
+    Request,
+    check_or_write_manifest,
+    error_record,
+    manifest_path,
+    parse_requests,
+    read_input,
+    result_record,
+)
+from llamaspec.errors import InputError, UsageError
+
+
+def one(line: str) -> Request | LineError:
+    (item,) = parse_requests([line])
+    return item
+
+
+def oa(body: dict, url: str = "/v1/chat/completions", **extra) -> str:
+    return json.dumps({"custom_id": "c1", "method": "POST", "url": url, "body": body, **extra})
+
+
+def test_worked_examples_in_docstrings_hold():
+    from llamaspec.batch import requests, results
+
+    for mod in (requests, results):
+        r = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+        assert r.failed == 0 and r.attempted > 0
+
+
+# ---- input forms --------------------------------------------------------------------------------
+
+
+def test_own_prompt_form_with_every_field():
+    r = one('{"id": "q1", "prompt": "Hi", "max_tokens": 8, "temperature": 0.7, "seed": 42, '
+            '"stop": ["\\n", "END"], "top_p": 0.9, "category": "extra keys are ignored"}')
+    assert r == Request("q1", 1, "Hi", None, max_tokens=8, temperature=0.7, seed=42,
+                        stop=["\n", "END"], top_p=0.9, openai=None)
+
+
+def test_own_messages_form_and_defaults():
+    r = one('{"id": 3, "messages": [{"role": "system", "content": "Be brief."}, '
+            '{"role": "user", "content": "Hi", "name": "ann"}], "stop": "."}')
+    assert r.id == "3" and r.prompt is None and r.openai is None
+    assert r.messages == [{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": "Hi"}]
+    assert r.stop == ["."]
+    assert (r.max_tokens, r.temperature, r.seed, r.top_p) == (None, None, None, None)
+    assert one('{"prompt": "x", "temperature": 0, "stop": null}').temperature == 0.0
+    assert one('{"prompt": "x", "stop": null}').stop == []
+
+
+def test_openai_chat_form_body_fields():
+    r = one(oa({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "What is 2+2?"}],
+                "max_tokens": 16, "temperature": 0.5, "top_p": 1, "seed": 7, "stop": "\n"}))
+    assert r == Request("c1", 1, None, [{"role": "user", "content": "What is 2+2?"}], max_tokens=16,
+                        temperature=0.5, seed=7, stop=["\n"], top_p=1.0, openai="chat")
+
+
+def test_openai_completions_form_and_max_completion_tokens():
+    r = one(oa({"model": "x", "prompt": "Once", "max_completion_tokens": 5}, url="/v1/completions"))
+    assert (r.prompt, r.messages, r.max_tokens, r.openai) == ("Once", None, 5, "completions")
+    r = one(oa({"messages": [{"role": "user", "content": "a"}], "max_tokens": 9,
+                "max_completion_tokens": 9}))
+    assert r.max_tokens == 9
+
+
+def test_form_is_told_by_custom_id_or_body_only():
+    r = one('{"id": 1, "prompt": "Sum up", "url": "https://example.com/a", "method": "GET"}')
+    assert isinstance(r, Request) and r.openai is None  # a dataset's own fields
+    r = one(json.dumps({"url": "/v1/completions", "body": {"prompt": "p"}}))
+    assert (r.id, r.openai) == ("line-1", "completions")
+
+
+def test_openai_text_content_parts_are_joined():
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    msgs = [{"role": "user", "content": parts}]
+    assert one(oa({"messages": msgs})).messages == [{"role": "user", "content": "a\nb"}]
+
+
+def test_ids_derived_from_line_numbers_and_stringified():
+    items = parse_requests(['{"prompt": "a"}', "", "   \r", '{"id": 5, "prompt": "b"}',
+                            '{"prompt": "c"}\n', oa({"messages": [{"role": "u", "content": "x"}]},
+                                                    custom_id=None),
+                            json.dumps({"custom_id": 12, "url": "/v1/completions",
+                                        "body": {"prompt": "p"}})])
+    assert [(i.id, i.line) for i in items] == [("line-1", 1), ("5", 4), ("line-5", 5),
+                                               ("line-6", 6), ("12", 7)]
+    assert all(isinstance(i, Request) for i in items)
+
+
+def test_duplicate_ids_name_both_lines():
+    with pytest.raises(InputError) as e:
+        parse_requests(['{"id": "a", "prompt": "x"}', '{"prompt": "y"}',
+                        '{"id": "a", "prompt": "z"}'])
+    assert e.value.message == 'duplicate id "a" on lines 1 and 3'
+    with pytest.raises(InputError, match="lines 2 and 3"):  # an int id and its string are one id
+        parse_requests(["", '{"id": 1, "prompt": "x"}', '{"id": "1", "prompt": "y"}'])
+    with pytest.raises(InputError, match="lines 1 and 2"):  # a given id can hit a derived one
+        parse_requests(['{"prompt": "x"}', '{"id": "line-1", "prompt": "y"}'])
+    with pytest.raises(InputError, match="lines 1 and 2"):  # malformed lines keep their ids too
+        parse_requests(['{"custom_id": "k", "url": "/v1/embeddings"}', oa({}, custom_id="k")])
+
+
+MALFORMED = [
+    ('{"prompt": "x"', "invalid JSON"),
+    ('{"prompt": "x", "temperature": NaN}', "NaN is not valid JSON"),
+    ('["prompt", "x"]', "must be a JSON object, got array"),
+    ("42", "must be a JSON object, got number"),
+    ('{"id": "a"}', 'no "prompt" or "messages"'),
+    ('{"prompt": "x", "messages": []}', "not both"),
+    ('{"prompt": ["x"]}', "prompt must be a string, got array"),
+    ('{"prompt": "x", "max_tokens": "8"}', "max_tokens must be an integer, got string"),
+    ('{"prompt": "x", "max_tokens": 0}', "max_tokens must be at least 1"),
+    ('{"prompt": "x", "max_tokens": true}', "max_tokens must be an integer, got boolean"),
+    ('{"prompt": "x", "temperature": -1}', "temperature must be in >= 0"),
+    ('{"prompt": "x", "temperature": "hot"}', "temperature must be a number, got string"),
+    ('{"prompt": "x", "seed": 1.5}', "seed must be an integer, got number"),
+    ('{"prompt": "x", "stop": 3}', "stop must be"),
+    ('{"prompt": "x", "stop": ["a", ""]}', "stop must be"),
+    ('{"prompt": "x", "top_p": 0}', "top_p must be in (0, 1]"),
+    ('{"prompt": "x", "top_p": 1.5}', "top_p must be in (0, 1]"),
+    ('{"id": [1], "prompt": "x"}', "id must be a non-empty string or an integer, got array"),
+    ('{"messages": "hi"}', "messages must be a non-empty array"),
+    ('{"messages": []}', "messages must be a non-empty array"),
+    ('{"messages": ["hi"]}', "messages[0] must be an object with a string role, got string"),
+    ('{"messages": [{"content": "hi"}]}', "messages[0] must be an object with a string role"),
+    ('{"messages": [{"role": "user", "content": 1}]}', "messages[0].content must be a string"),
+    ('{"messages": [{"role": "user"}]}', "messages[0].content must be a string, got null"),
+    ('{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}',
+     "only text parts"),
+    (oa({"input": "x"}, url="/v1/responses"), 'unsupported url "/v1/responses"'),
+    (oa({"prompt": "x"}, url=None), "unsupported url null"),
+    (oa({"prompt": "x"}, url=["/v1/completions"]), 'unsupported url ["/v1/completions"]'),
+    (oa({"messages": [{"role": "user", "content": "x"}]}, method="GET"),
+     'method must be POST, got "GET"'),
+    (json.dumps({"custom_id": "c1", "url": "/v1/completions", "body": "x"}),
+     "body must be an object"),
+    ('{"custom_id": "c1", "url": "/v1/completions"}', "body must be an object, got null"),
+    (oa({"prompt": "x"}), "body has no messages (url /v1/chat/completions)"),
+    (oa({"messages": [{"role": "user", "content": "x"}]}, url="/v1/completions"),
+     "body has no prompt (url /v1/completions)"),
+    (oa({"messages": [{"role": "u", "content": "x"}], "max_tokens": 4, "max_completion_tokens": 5}),
+     "max_tokens (4) and max_completion_tokens (5) differ"),
+    (oa({"messages": [{"role": "u", "content": "x"}], "temperature": None, "top_p": -0.5}),
+     "top_p must be in"),
+]
+
+
+@pytest.mark.parametrize("line, expected", MALFORMED)
+def test_each_malformed_kind_is_a_line_error_with_its_line_number(line, expected):
+    good = '{"prompt": "ok"}'
+    items = parse_requests([good, "", line, good.replace("{", '{"id": "last", ')])
+    err = items[1]
+    assert isinstance(err, LineError), err
+    assert err.line == 3 and expected in err.message and "\n" not in err.message
+    assert isinstance(items[0], Request) and isinstance(items[2], Request)  # the job goes on
+    rec = error_record(err, err.message)
+    if err.openai is None:
+        assert rec["error"] == {"message": err.message, "line": 3}
+    else:
+        assert rec["response"]["body"]["error"]["message"] == f"line 3: {err.message}"
+
+
+def test_line_error_keeps_a_readable_id_and_the_file_form():
+    items = parse_requests([oa({"messages": [{"role": "user", "content": "x"}]}, custom_id="ok"),
+                            "not json", oa({"prompt": "x"}, custom_id="bad-body", url="/v1/nope")])
+    assert items[1] == LineError("line-2", 2, items[1].message, "chat")  # an OpenAI file's form
+    assert (items[2].id, items[2].openai) == ("bad-body", "chat")
+    own = parse_requests(['{"prompt": "a"}', "[1"])
+    assert own[1].openai is None and own[1].id == "line-2"
+    assert one('{"id": {"x": 1}, "prompt": "p"}').id == "line-1"  # unreadable id: derived
+
+
+# ---- output records ---------------------------------------------------------------------------
+
+
+STATS = {"n_prompt": 12, "n_generated": 5, "acceptance": 0.8, "spec_type": "draft"}
+
+
+def test_own_result_and_error_records():
+    req = one('{"id": "q", "prompt": "Hi"}')
+    assert result_record(req, "Hello", "length", STATS, "m.gguf") == {
+        "id": "q", "text": "Hello", "finish_reason": "length", **STATS}
+    assert error_record(req, "prompt too long for the context (2100 > 2048 tokens)") == {
+        "id": "q", "error": {"message": "prompt too long for the context (2100 > 2048 tokens)",
+                             "line": 1}}
+
+
+def _openai_envelope(rec: dict, custom_id: str, status: int) -> dict:
+    json.dumps(rec, allow_nan=False)  # plain JSON
+    assert set(rec) == {"id", "custom_id", "response", "error"}
+    assert rec["id"].startswith("batch_req_") and rec["custom_id"] == custom_id
+    assert rec["error"] is None
+    resp = rec["response"]
+    assert resp["status_code"] == status and isinstance(resp["request_id"], str)
+    assert resp["request_id"]
+    return resp["body"]
+
+
+def test_openai_chat_result_record():
+    req = one(oa({"model": "gpt-4o", "messages": [{"role": "user", "content": "2+2?"}]},
+                 custom_id="r-1"))
+    body = _openai_envelope(result_record(req, "4", "stop", STATS, "smollm2.gguf"), "r-1", 200)
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["model"] == "smollm2.gguf" and abs(body["created"] - time.time()) < 60
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "4"},
+                                "logprobs": None, "finish_reason": "stop"}]
+    assert body["usage"] == {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+
+
+def test_openai_completions_result_record():
+    req = one(oa({"prompt": "Once"}, url="/v1/completions", custom_id="r-2"))
+    body = _openai_envelope(result_record(req, " upon", "length", STATS, "m"), "r-2", 200)
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"] == [{"index": 0, "text": " upon", "logprobs": None,
+                                "finish_reason": "length"}]
+    assert body["usage"] == {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}
+
+
+def test_openai_error_records():
+    req = one(oa({"messages": [{"role": "user", "content": "x"}]}, custom_id="r-3"))
+    rec = error_record(req, "prompt too long for the context", code="context_length_exceeded")
+    assert _openai_envelope(rec, "r-3", 400) == {"error": {
+        "message": "line 1: prompt too long for the context", "type": "invalid_request_error",
+        "param": None, "code": "context_length_exceeded"}}
+    rec = error_record(req, "llama_decode failed", status=500)
+    assert _openai_envelope(rec, "r-3", 500)["error"]["type"] == "server_error"
+    bad = parse_requests([oa({"messages": [{"role": "u", "content": "x"}]}), "{"])[1]
+    assert _openai_envelope(error_record(bad, bad.message), "line-2", 400)["error"]["code"] is None
+    ids = {error_record(req, "x")["id"] for _ in range(5)}
+    assert len(ids) == 5  # batch_req ids are unique
+
+
+# ---- reading INPUT ----------------------------------------------------------------------------
+
+
+def test_read_input_file_and_stdin(tmp_path):
+    p = tmp_path / "in.jsonl"
+    # a BOM, CRLF ends, a U+2028 inside a string (one line, not two)
+    p.write_bytes(b'\xef\xbb\xbf{"prompt": "a\xe2\x80\xa8b"}\r\n\r\n{"id": 2, "prompt": "c"}\r\n')
+    lines = read_input(str(p))
+    items = parse_requests(lines)
+    assert [(i.id, i.line, i.prompt) for i in items] == [("line-1", 1, "a\u2028b"), ("2", 3, "c")]
+    assert read_input("-", stdin=io.BytesIO(b'{"prompt": "x"}\n')) == ['{"prompt": "x"}', ""]
+
+
+def test_read_input_errors(tmp_path):
+    with pytest.raises(InputError, match="input file not found: .*nope.jsonl") as e:
+        read_input(str(tmp_path / "nope.jsonl"))
+    assert e.value.hint
+    with pytest.raises(InputError, match="input is a directory"):
+        read_input(str(tmp_path))
+    p = tmp_path / "latin1.jsonl"
+    p.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(InputError) as e:
+        read_input(str(p))
+    assert e.value.message == f"{p} is not UTF-8: byte 0xe9 on line 2"
+    with pytest.raises(InputError, match="standard input is not UTF-8"):
+        read_input("-", stdin=io.BytesIO(b"\xff"))
+
+
+# ---- OUTPUT and resume ------------------------------------------------------------------------
+
+
+def _ids_in(path) -> list[str]:
+    return [json.loads(line)["id"] for line in path.read_text("utf-8").splitlines()]
+
+
+def test_resume_cuts_a_partial_last_line(tmp_path):
+    path = tmp_path / "out.jsonl"
+    out = OutputFile(path)
+    assert out.done_ids() == set()
+    for i in range(3):
+        out.append({"id": f"r{i}", "text": f"t{i}", "finish_reason": "stop"})
+    out.close()
+    complete = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(b'{"id": "r3", "text": "half')  # a kill mid-write
+    out = OutputFile(path)
+    assert out.done_ids() == {"r0", "r1", "r2"}
+    assert path.read_bytes() == complete
+    out.append({"id": "r3", "text": "t3"})
+    assert _ids_in(path) == ["r0", "r1", "r2", "r3"]
+
+
+@pytest.mark.parametrize("tail", [b'{"id": "r2", "te\n', b"\x00" * 40, b'{"id": "r2"}'])
+def test_an_invalid_or_unterminated_last_line_is_cut(tmp_path, tail):
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(b'{"id": "r0"}\n{"id": "r1"}\n' + tail)
+    assert OutputFile(path).done_ids() == {"r0", "r1"}
+    assert path.read_bytes() == b'{"id": "r0"}\n{"id": "r1"}\n'
+
+
+def test_append_repairs_before_writing_even_without_done_ids(tmp_path):
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(b'{"id": "r0"}\n{"id": "r1", "te')
+    with OutputFile(path) as out:
+        out.append({"id": "r1", "x": float("nan"), "y": [float("inf")]})
+    assert path.read_bytes() == b'{"id": "r0"}\n{"id": "r1", "x": null, "y": [null]}\n'
+
+
+def test_a_broken_line_before_the_last_is_refused(tmp_path):
+    path = tmp_path / "out.jsonl"
+    path.write_bytes(b'{"id": "r0"}\n{"id": "r1", oops\n{"id": "r2"}\n')
+    with pytest.raises(InputError, match="line 2 is not a complete JSON record"):
+        OutputFile(path).done_ids()
+    path.write_bytes(b'{"id": "r0"}\n{"name": "not ours"}\n')
+    with pytest.raises(InputError, match="line 2 is not a llamaspec batch record"):
+        OutputFile(path).done_ids()
+
+
+def test_failed_records_are_done_unless_retrying(tmp_path):
+    path = tmp_path / "out.jsonl"
+    ok = one(oa({"messages": [{"role": "u", "content": "x"}]}, custom_id="ok"))
+    bad = one(oa({"messages": [{"role": "u", "content": "x"}]}, custom_id="bad"))
+    own_bad = one('{"id": "own-bad", "prompt": "x"}')
+    with OutputFile(path) as out:
+        out.append(result_record(ok, "fine", "stop", STATS, "m"))
+        out.append(error_record(bad, "prompt too long for the context"))
+        out.append(error_record(own_bad, "prompt too long for the context"))
+        out.append({"id": "own-ok", "text": "t", "finish_reason": "stop"})
+    assert OutputFile(path).done_ids() == {"ok", "bad", "own-bad", "own-ok"}
+    assert len(path.read_text().splitlines()) == 4
+    os.chmod(path, 0o640)
+    out = OutputFile(path)
+    assert out.done_ids(include_failed=False) == {"ok", "own-ok"}
+    assert os.stat(path).st_mode & 0o777 == 0o640  # the rewrite keeps the file's mode
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r.get("custom_id", r.get("id")) for r in lines] == ["ok", "own-ok"]
+    out.append(result_record(bad, "now fits", "stop", STATS, "m"))  # the handle follows the rewrite
+    out.close()
+    assert OutputFile(path).done_ids(include_failed=False) == {"ok", "own-ok", "bad"}
+
+
+CHILD = r"""
+import os, sys, time
+from llamaspec.batch import OutputFile
+path, n, chunk = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if chunk:  # a slow device: short writes, so that a kill often lands inside a record
+    real_write = os.write
+    def short_write(fd, data):
+        time.sleep(0.002)
+        return real_write(fd, data[:chunk])
+    os.write = short_write
+out = OutputFile(path)
+done = out.done_ids()
+print(len(done), flush=True)
+for i in range(n):
+    if f"r{i}" not in done:
+        text = "x" * (20000 + i * 7919 % 80000)
+        out.append({"id": f"r{i}", "text": text, "finish_reason": "stop"})
+print("finished", flush=True)
+"""
+
+
+def test_sigkill_at_random_moments_leaves_a_clean_prefix(tmp_path):
+    """Kill a writer at random moments again and again, resuming each time: OUTPUT is always a
+    prefix r0..rk of whole records, no id twice, every line parses. Every other writer makes short
+    writes (a slow device), which also exercises append's short-write loop and makes kills inside
+    a record likely; the others write at full speed."""
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    path = tmp_path / "out.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    previous, mid_record = 0, {0: 0, 4096: 0}
+    for cycle in range(12):
+        chunk = 4096 if cycle % 2 else 0
+        where = f"seed {seed}, cycle {cycle}"
+        child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(10**9), str(chunk)],
+                                 stdout=subprocess.PIPE, text=True, env=env)
+        assert int(child.stdout.readline()) == previous, where  # resumed after the last record
+        time.sleep(rng.uniform(0, 0.06))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        body, _, tail = path.read_bytes().rpartition(b"\n")
+        mid_record[chunk] += bool(tail)
+        ids = [json.loads(line)["id"] for line in body.split(b"\n") if line] if body else []
+        done = OutputFile(path).done_ids()
+        assert path.read_bytes() == (body + b"\n" if body else b""), where  # the tail is cut
+        assert ids == [f"r{i}" for i in range(len(ids))] and len(ids) >= previous, where
+        assert done == set(ids), where
+        previous = len(ids)
+    assert mid_record[4096] >= 1, f"seed {seed}: no kill landed inside a record"
+    # and a run left alone finishes the job without redoing anything
+    n = previous + 3
+    res = subprocess.run([sys.executable, "-c", CHILD, str(path), str(n), "0"],
+                         capture_output=True, text=True, env=env, check=True)
+    assert res.stdout.split() == [str(previous), "finished"]
+    assert _ids_in(path) == [f"r{i}" for i in range(n)]
+    print(f"seed {seed}: {previous} records over 12 kills, inside a record: {mid_record}")
+
+
+# ---- the job-settings manifest ----------------------------------------------------------------
+
+
+SETTINGS = {"model": {"path": "m.gguf", "sha256": "ab12"}, "draft": None, "spec_types": ["draft"],
+            "temperature": 0.0, "max_tokens": 256}
+
+
+def test_manifest_written_then_unchanged(tmp_path):
+    out = tmp_path / "out.jsonl"
+    assert check_or_write_manifest(out, SETTINGS) == "written"
+    doc = json.loads(open(manifest_path(out)).read())
+    assert doc["settings"] == SETTINGS and manifest_path(out) == str(out) + ".llamaspec.json"
+    assert os.stat(manifest_path(out)).st_mode & 0o777 == 0o644
+    out.write_text('{"id": "r0"}\n')
+    assert check_or_write_manifest(out, dict(SETTINGS, spec_types=("draft",))) == "unchanged"
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]  # no temp file left
+
+
+def test_manifest_different_settings_refused_naming_the_key(tmp_path):
+    out = tmp_path / "out.jsonl"
+    check_or_write_manifest(out, SETTINGS)
+    out.write_text('{"id": "r0"}\n')
+    with pytest.raises(UsageError) as e:
+        check_or_write_manifest(out, dict(SETTINGS, temperature=0.7, max_tokens=8))
+    assert e.value.message == f"{out} was started with other settings: temperature was 0.0, now 0.7"
+    assert e.value.hint == "--force to continue with the new settings, or a new -o"
+    with pytest.raises(UsageError, match='model.sha256 was "ab12", now "cd34"'):
+        check_or_write_manifest(out, dict(SETTINGS, model={"path": "m.gguf", "sha256": "cd34"}))
+    with pytest.raises(UsageError, match=r"seed was \(absent\), now 1"):
+        check_or_write_manifest(out, dict(SETTINGS, seed=1))
+    assert json.loads(open(manifest_path(out)).read())["settings"] == SETTINGS  # untouched
+
+
+def test_manifest_force_overwrites(tmp_path):
+    out = tmp_path / "out.jsonl"
+    check_or_write_manifest(out, SETTINGS)
+    out.write_text('{"id": "r0"}\n')
+    new = dict(SETTINGS, temperature=0.7)
+    assert check_or_write_manifest(out, new, force=True) == "overwritten"
+    assert json.loads(open(manifest_path(out)).read())["settings"] == new
+    assert check_or_write_manifest(out, new) == "unchanged"
+
+
+def test_output_without_manifest(tmp_path):
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"id": "r0"}\n')
+    with pytest.raises(UsageError, match="exists without out.jsonl.llamaspec.json") as e:
+        check_or_write_manifest(out, SETTINGS)
+    assert "--force" in e.value.hint
+    assert check_or_write_manifest(out, SETTINGS, force=True) == "overwritten"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert check_or_write_manifest(empty, SETTINGS) == "written"  # nothing in it to mix with
+
+
+def test_manifest_stale_corrupt_and_directory(tmp_path):
+    out = tmp_path / "out.jsonl"
+    with open(manifest_path(out), "w") as f:
+        f.write('{"settings": {"temperature": 1.0}}')
+    assert check_or_write_manifest(out, SETTINGS) == "written"  # OUTPUT gone: nothing to protect
+    out.write_text('{"id": "r0"}\n')
+    with open(manifest_path(out), "w") as f:
+        f.write("{not json")
+    with pytest.raises(UsageError, match="is unreadable"):
+        check_or_write_manifest(out, SETTINGS)
+    assert check_or_write_manifest(out, SETTINGS, force=True) == "overwritten"
+    with pytest.raises(UsageError, match="is a directory"):
+        check_or_write_manifest(tmp_path, SETTINGS)

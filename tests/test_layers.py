@@ -1,0 +1,123 @@
+"""The package's shape: layers depend one way and no module imports itself round a cycle.
+
+The import graph is read from the source (every `import`, function-level ones too), so a lazy
+import cannot hide a cycle or a dependency that points up a layer.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "llamaspec"
+
+# layer -> the layers it may import (errors.py and _version.py sit below all; cli and the public
+# API, llamaspec/__init__.py, on top)
+ALLOWED = {
+    "errors": set(),
+    "gguf": {"errors"},
+    "hub": {"errors", "gguf"},
+    "pairing": {"errors", "gguf", "hub"},
+    "runtime": {"errors", "gguf"},
+    "spec": {"errors", "gguf", "runtime"},
+    "batch": {"errors"},
+    "cli": {"errors", "gguf", "hub", "pairing", "runtime", "spec", "api", "batch"},
+    "api": {"errors", "gguf", "hub", "pairing", "runtime", "spec"},
+    "testing": {"errors", "gguf", "hub", "runtime"},
+}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "api"
+    return {"__main__": "cli", "_version": "errors", "generator": "api", "resolve": "api"}.get(parts[1], parts[1])
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PKG.rglob("*.py")}
+    modules.setdefault("llamaspec", PKG / "__init__.py")
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: resolve against this module's package
+                    base = mod.split(".")[: len(mod.split(".")) - node.level + (1 if is_pkg else 0)]
+                    stem = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    stem = node.module or ""
+                subs = [f"{stem}.{a.name}" for a in node.names if f"{stem}.{a.name}" in modules]
+                names = subs or [stem]  # `from pkg import module`: the dependency is the module
+            for name in names:
+                # the longest known module this name refers to
+                while name and name not in modules:
+                    name = name.rpartition(".")[0]
+                if name and name != mod and name.startswith("llamaspec"):
+                    graph[mod].add(name)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    # a package's __init__ importing its own submodules is not a cycle of concepts; leave it out
+    graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in _graph().items()}
+    assert _cycles(graph) == []
+
+
+def test_layers_depend_one_way():
+    bad = []
+    for mod, deps in _graph().items():
+        layer = _layer(mod)
+        for dep in deps:
+            dl = _layer(dep)
+            if dl != layer and dl not in ALLOWED[layer]:
+                bad.append(f"{mod} -> {dep}")
+    assert bad == []
+
+
+def test_no_module_over_400_lines_outside_testing():
+    long = [f"{p.relative_to(PKG)}: {n}" for p in PKG.rglob("*.py")
+            if "testing" not in p.parts and (n := len(p.read_text().splitlines())) > 420]
+    assert long == []
