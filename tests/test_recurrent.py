@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import llamaspec.spec.engine as engine_mod
+import llamaspec.spec.sequence as sequence_mod
 from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
 from llamaspec.spec.drafters.model import ModelDrafter
 from llamaspec.runtime.llama import Model
@@ -46,7 +46,7 @@ def steps(monkeypatch):
             log.append((n_drafted, n_accepted))
             super().record_step(n_drafted, n_accepted, n_new, source)
 
-    monkeypatch.setattr(engine_mod, "SpecStats", Recording)
+    monkeypatch.setattr(sequence_mod, "SpecStats", Recording)
     return log
 
 

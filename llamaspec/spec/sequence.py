@@ -1,0 +1,318 @@
+"""One sequence being generated, step by step: the part of the speculative loop that is per
+sequence (history, KV position, random streams, controllers, statistics, streamed output). The
+engine (engine.py) owns the target context and batches the steps of several sequences together.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Literal, Sequence
+
+import numpy as np
+
+from llamaspec.errors import ContextFullError
+from llamaspec.runtime.llama import DecodeClock, Model, Utf8Stream
+from llamaspec.spec.controller import DraftLengthController
+from llamaspec.spec.drafters.base import Draft
+from llamaspec.spec.metrics import SpecStats
+from llamaspec.spec.verify import SamplingParams
+
+
+@dataclass
+class GenerationConfig:
+    max_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    stop: Sequence[str] = ()
+    draft_max: int = 16        # upper bound on k; the controller picks k <= this each step
+    draft_min: int = 0         # drafts shorter than this are dropped (llama.cpp --spec-draft-n-min)
+    adaptive: bool = True      # let the controller move k with the measured acceptance
+
+
+#: why a generation ended: an end-of-generation token, -n reached, a stop string, the context
+#: full, or interrupted (Ctrl-C / should_stop)
+StopReason = Literal["eos", "length", "stop", "context", "interrupted"]
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    text: str
+    n_prompt: int
+    stop_reason: StopReason
+    stats: SpecStats
+
+
+# on_text(text, from_draft, source): streaming callback for new text; from_draft is True for
+# text of accepted draft tokens (for --color), source names the drafter.
+TextCallback = Callable[[str, bool, str], None]
+
+
+class StopStrings:
+    """Finds stop strings in streamed text, holding back what could be the start of one."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""
+        self.emitted = 0
+
+    def push(self, piece: str) -> tuple[str, bool]:
+        """Add text; return (text safe to emit now, stopped)."""
+        self.text += piece
+        if self.stops:
+            start = max(0, self.emitted - self.hold)
+            hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+            if hits:
+                cut = min(hits)
+                out = self.text[self.emitted:cut]
+                self.text = self.text[:cut]
+                self.emitted = cut
+                return out, True
+        safe = max(self.emitted, len(self.text) - self.hold) if self.stops else len(self.text)
+        out = self.text[self.emitted:safe]
+        self.emitted = safe
+        return out, False
+
+    def flush(self) -> str:
+        out = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return out
+
+
+class SequenceRun:
+    """One sequence being generated: its history, KV position, random streams, controllers,
+    statistics and output. The engine calls start(), then plan() / settle() once per step."""
+
+    def __init__(self, engine, seq_id: int, prompt_tokens: Sequence[int], config: GenerationConfig,
+                 on_text: TextCallback | None):
+        # engine: the SpecEngine that owns the target context and the drafter
+        target = engine.target
+        self.engine, self.seq_id, self.config = engine, seq_id, config
+        self.params = config.sampling
+        self.verify_rng, self.draft_rng = random_streams(self.params.seed)
+        self.stats = SpecStats(prompt_tokens=len(prompt_tokens))
+        self.n_prompt = len(prompt_tokens)
+        prompt = list(prompt_tokens) or ([target.bos] if target.bos >= 0 else [])
+        self.history = prompt
+        self.ctls = engine._controllers(config, reproducible=self.params.seed is not None
+                                        and not self.params.greedy)
+        engine.last_controllers = self.ctls
+        self.out = _Output(target, config, on_text)
+        self.done = False
+        self.n_past = 0
+        self._draft = _NO_DRAFT
+        self._state = None
+        self._draft_s = self._verify_s = 0.0
+        self._t_gen = 0.0
+        self._clock0 = 0.0
+        self._began = False
+
+    def start(self) -> None:
+        """Evaluate the prompt (reusing a cached common prefix) and sample the first token."""
+        eng, ctx, prompt = self.engine, self.engine.ctx, self.history
+        t0 = time.perf_counter()
+        cached = eng._cached.pop(self.seq_id, [])
+        keep = 0
+        limit = min(len(cached), len(prompt) - 1)  # the last prompt token is evaluated for its logits
+        while keep < limit and cached[keep] == prompt[keep]:
+            keep += 1
+        if not (keep and ctx.seq_rm(self.seq_id, keep, -1)):
+            keep = 0  # nothing shared, or a recurrent memory that cannot be cut: start over
+            ctx.seq_rm(self.seq_id, 0, -1)
+        n_out = ctx.decode(prompt[keep:], keep, self.seq_id, outputs="last")
+        first = eng._sample_plain(ctx.logits(n_out)[0], prompt, self.params, self.verify_rng)
+        if eng.drafter is not None:
+            eng.drafter.begin(self.seq_id, prompt, self.draft_rng)
+            self._began = True
+        self._t_gen = time.perf_counter()
+        self.stats.prompt_seconds = self._t_gen - t0
+        self._clock0 = DecodeClock.seconds
+        self.n_past = len(prompt)  # tokens in the target KV; history[-1] is not among them
+        self.done = self.config.max_tokens <= 0 or self.out.emit([first], 0, "")
+        self.history.append(first)
+        if eng.drafter is not None:
+            eng.drafter.accepted(self.seq_id, 0, [first], is_other=True)
+        if not self.done and self.n_past + 1 > ctx.n_ctx_seq:
+            self.stop("context")
+
+    def stop(self, reason: str) -> None:
+        self.out.stop_reason = reason
+        self.done = True
+
+    def plan(self, k_max: int) -> tuple[list[int], int, int]:
+        """This step's draft; returns the batch segment ([last] + draft, start position, seq id)."""
+        room = self.engine.ctx.n_ctx_seq - self.n_past - 1
+        if room < 0:
+            raise ContextFullError(f"context full: {self.n_past + 1} tokens needed, context size is "
+                                   f"{self.engine.ctx.n_ctx_seq}", "raise --ctx-size or shorten the prompt / -n")
+        k = min(self.config.draft_max, self.config.max_tokens - len(self.out.tokens) - 1, room, k_max)
+        ta = time.perf_counter()
+        self._draft = self.engine._propose(self.seq_id, self.history, k, self.ctls, self.config.draft_min,
+                                           self.stats)
+        self._draft_s = time.perf_counter() - ta
+        d = self._draft.tokens
+        self._state = self.engine.ctx.save_seq(self.seq_id) if (d and self.engine.target.needs_checkpoints) else None
+        return [self.history[-1]] + d, self.n_past, self.seq_id
+
+    def settle(self, rows: np.ndarray, verify_seconds: float) -> None:
+        """Verify this sequence's rows, drop its rejected positions, emit, learn."""
+        eng, ctx, draft = self.engine, self.engine.ctx, self._draft
+        d, last = draft.tokens, self.history[-1]
+        t0 = time.perf_counter()
+        n_acc, nxt = eng._verify(d, draft, rows, self.history, self.params, self.verify_rng)
+        if n_acc < len(d):
+            if self._state is None:
+                ctx.seq_rm(self.seq_id, self.n_past + 1 + n_acc, -1)
+            else:  # recurrent state cannot be cut: restore the checkpoint, replay the accepted part
+                ctx.load_seq(self._state, self.seq_id)
+                ctx.decode([last] + d[:n_acc], self.n_past, self.seq_id, outputs=0)
+        self._state = None
+        verify_s = verify_seconds + time.perf_counter() - t0
+        self._verify_s += verify_s
+        self.stats.draft_seconds += self._draft_s
+        new = d[:n_acc] + [nxt]
+        self.n_past += 1 + n_acc
+        self.history.extend(new)
+        before = len(self.out.tokens)
+        self.done = self.out.emit(new, n_acc, draft.source)
+        self.stats.record_step(len(d), n_acc, len(self.out.tokens) - before, draft.source)
+        _observe(self.ctls, draft, n_acc, verify_seconds=verify_s, draft_seconds=self._draft_s)
+        if eng.drafter is not None:
+            eng.drafter.accepted(self.seq_id, n_acc, new, is_other=not d)
+        if not self.done and self.n_past + 1 > ctx.n_ctx_seq:
+            self.stop("context")
+
+    def finish(self) -> Generation:
+        """End the sequence: drafter state dropped, held-back text flushed, timings filled in."""
+        eng = self.engine
+        if self._began:
+            eng.drafter.end(self.seq_id)
+            self._began = False
+        # What the target's KV holds now (history[-1] was never evaluated): the next prompt on
+        # this sequence id may reuse its prefix.
+        eng._cached[self.seq_id] = self.history[:self.n_past]
+        self.out.finish()
+        s = self.stats
+        s.gen_seconds = time.perf_counter() - self._t_gen if self._t_gen else 0.0
+        s.verify_seconds = self._verify_s
+        # Overhead: generation wall time not spent inside llama_decode (target or draft); with
+        # several sequences at once the decode time is shared, so this is a lower bound.
+        s.overhead_seconds = max(0.0, s.gen_seconds - (DecodeClock.seconds - self._clock0))
+        return Generation(self.out.tokens, "".join(self.out.parts), self.n_prompt, self.out.stop_reason, s)
+
+    def abandon(self) -> None:
+        """Drop the sequence without a result (interrupted, or its prompt failed)."""
+        if self._began:
+            self.engine.drafter.end(self.seq_id)
+            self._began = False
+        self.engine._cached.pop(self.seq_id, None)
+        self.engine.ctx.seq_rm(self.seq_id, 0, -1)
+
+
+class _Output:
+    """The generated tokens and text of one sequence: streaming, stop strings, stop reason."""
+
+    def __init__(self, target: Model, config: GenerationConfig, on_text: TextCallback | None):
+        self.target = target
+        self.max_tokens = config.max_tokens
+        self.on_text = on_text
+        self.tokens: list[int] = []
+        self.parts: list[str] = []
+        self.stop_reason: StopReason = "length"
+        self._stream = Utf8Stream()
+        self._stops = StopStrings(config.stop)
+
+    def emit(self, tokens: list[int], n_acc: int, source: str) -> bool:
+        """Append tokens (the first n_acc from the draft) to the output; True to stop."""
+        for j, tok in enumerate(tokens):
+            if self.target.is_eog(tok):
+                self.stop_reason = "eos"
+                return True
+            self.tokens.append(tok)
+            piece, hit = self._stops.push(self._stream.push(self.target.piece(tok)))
+            if piece:
+                self.parts.append(piece)
+                if self.on_text is not None:
+                    self.on_text(piece, j < n_acc, source)
+            if hit:
+                self.stop_reason = "stop"
+                return True
+            if len(self.tokens) >= self.max_tokens:
+                self.stop_reason = "length"
+                return True
+        return False
+
+    def finish(self) -> None:
+        """Flush text held back (incomplete UTF-8, a possible stop-string start)."""
+        if self.stop_reason == "stop":
+            return
+        tail = self._stops.push(self._stream.flush())[0] + self._stops.flush()
+        if tail:
+            self.parts.append(tail)
+            if self.on_text is not None:
+                self.on_text(tail, False, "")
+
+
+class _EogSet:
+    """The target's end-of-generation ids as a collection for the verifiers (`tok in eog`): an
+    accepted EOG draft token ends the step, so tokens after it are never counted as accepted."""
+
+    def __init__(self, target: Model):
+        self.target = target
+
+    def __contains__(self, tok: object) -> bool:
+        return isinstance(tok, (int, np.integer)) and self.target.is_eog(int(tok))
+
+
+def random_streams(seed: int | None) -> tuple[np.random.Generator, np.random.Generator]:
+    """(verifier, drafter) random streams for one generation, independent of each other.
+
+    Both come from one seed (fresh entropy when None) through numpy's SeedSequence.spawn: two
+    generators seeded alike would draw the same numbers, and the number that picks draft token
+    i + 1 would be the one that tests token i. New streams per generation also make one seed give
+    one output on a pipeline that serves many prompts.
+
+        >>> a, b = random_streams(7)
+        >>> a.random() != b.random()
+        True
+        >>> random_streams(7)[0].random() == random_streams(7)[0].random()
+        True
+    """
+    verify_ss, draft_ss = np.random.SeedSequence(seed).spawn(2)
+    return np.random.default_rng(verify_ss), np.random.default_rng(draft_ss)
+
+
+def _observe(ctls: dict[str, DraftLengthController], draft: Draft, n_acc: int, *,
+             verify_seconds: float, draft_seconds: float) -> None:
+    """Feed a step to the controllers: the author of the draft learns its acceptance, the others
+    only the target's step cost; after a plain step every controller sees it as one."""
+    if not ctls:
+        return
+    n = len(draft)
+    author = ctls.get(draft.source) if n else None
+    if n and author is None and len(ctls) == 1:
+        author = next(iter(ctls.values()))
+    for ctl in ctls.values():
+        if not n:
+            ctl.observe(0, 0, verify_seconds=verify_seconds, draft_seconds=draft_seconds)
+        elif ctl is author:
+            ctl.observe(n, n_acc, verify_seconds=verify_seconds, draft_seconds=draft_seconds)
+        else:
+            ctl.observe_cost(n + 1, verify_seconds)
+
+
+_NO_DRAFT = Draft([])
+
+
+def _valid_prefix(draft: Draft, n_vocab: int) -> Draft:
+    """The draft up to its first token id the target does not have (such a token is rejected anyway)."""
+    n = next(i for i, t in enumerate(draft.tokens) if t >= n_vocab)
+    return draft.truncated(n)
+
+
+def _recent(history: Sequence[int], params: SamplingParams) -> Sequence[int]:
+    if not params.penalties_on:
+        return ()
+    n = params.repeat_last_n
+    return history[-n:] if n > 0 else history
