@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["run", "bench", "pair", "check", "inspect", "models", "pull", "doctor"]
+COMMANDS = ["run", "batch", "bench", "pair", "check", "inspect", "models", "pull", "doctor"]
 
 _PROBE = """
 import sys

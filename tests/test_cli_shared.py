@@ -41,10 +41,13 @@ def test_shared_flags_have_one_declaration_on_every_command():
         params = seen[flag]
         assert len(params) >= 2, (flag, list(params))
         assert len({(tuple(p.opts), tuple(p.secondary_opts), p.help) for p in params.values()}) == 1, flag
-    assert set(seen["--offline"]) == {"run", "bench", "check", "pair", "pull"}
+    assert set(seen["--offline"]) == {"run", "batch", "bench", "check", "pair", "pull"}
     assert seen["--offline"]["pull"].help == "Never use the network (local files and cache only)."
     assert set(seen["--json"]) == set(seen["-q"]) == set(seen["-v"]) == set(typer.main.get_command(app).commands)
-    assert {"run", "bench"} <= set(seen["--spec-ngram-mod-n-max"])
+    assert {"run", "batch", "bench"} <= set(seen["--spec-ngram-mod-n-max"])
+    # run and batch take every generation option from one declaration (cli/_generation.py)
+    for flag in ("--draft", "--spec-type", "--temp", "--seed", "--stop", "-n", "--system", "--search"):
+        assert set(seen[flag]) >= {"run", "batch"}, flag
 
 
 @pytest.mark.parametrize("command", ["run", "bench"])

@@ -188,14 +188,13 @@ def test_seeded_production_pipeline_matches_target_distribution(tiny_models, cas
     """`run --temp 1 --seed S --draft D --fixed-draft --draft-max 4 [--draft-p-min P]` for
     S = 0..N-1, a fresh pipeline each (as `run` builds it): the sequences have the
     target's exact distribution (chi-square against the enumerated joint of 4 tokens)."""
-    from llamaspec.cli.run import _prompt_tokens
     from llamaspec.spec.options import SpecOptions, parse_spec_types
     from llamaspec.spec.pipeline import load_pipeline
 
     target_name, p_min = PRODUCTION_CASES[case]
     target = Model(tiny_models[target_name])
     try:
-        prompt = _prompt_tokens(target, PROMPTS["story"], None, None)
+        prompt = prompt_tokens(target, PROMPTS["story"])  # as run makes them (chat template if any)
         params = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
         n_tok, runs = 4, 1000
         exact = _exact_joint(target, prompt, params, n_tok)

@@ -11,7 +11,7 @@ from llamaspec.cli.app import app
 
 # Importing a command module registers its commands on `app`. None of them imports llama_cpp
 # at module level, so `llamaspec --help` stays fast.
-from llamaspec.cli import bench, doctor, inspect, run  # noqa: E402,F401
+from llamaspec.cli import batch, bench, doctor, inspect, run  # noqa: E402,F401
 from llamaspec.cli import pair  # noqa: E402,F401
 from llamaspec.cli import models  # noqa: E402,F401
 

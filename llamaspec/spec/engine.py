@@ -39,6 +39,7 @@ from llamaspec.spec.sequence import (  # noqa: F401  (GenerationConfig & co. are
     _valid_prefix,
 )
 from llamaspec.spec.drafters.base import Draft, Drafter
+from llamaspec.errors import LlamaspecError
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context
 from llamaspec.spec.metrics import SpecStats
@@ -89,8 +90,10 @@ class SpecEngine:
         return seq.finish()
 
     def generate_many(self, jobs: Iterable[tuple[str, Sequence[int], GenerationConfig]], *, parallel: int = 1,
-                      should_stop: Callable[[], bool] | None = None) -> Iterator[tuple[str, Generation]]:
-        """(key, prompt tokens, config) jobs -> (key, Generation) as each finishes.
+                      should_stop: Callable[[], bool] | None = None
+                      ) -> Iterator[tuple[str, Generation | LlamaspecError]]:
+        """(key, prompt tokens, config) jobs -> (key, Generation) as each finishes; (key, error)
+        for a job that cannot start (its prompt does not fit the context), the others go on.
 
         Up to `parallel` sequences (sequence ids 0..parallel-1; the context must have been made
         with n_seq_max >= parallel) share each target decode. Ctrl-C (KeyboardInterrupt) and
@@ -113,7 +116,12 @@ class SpecEngine:
                     seq = SequenceRun(self, free.pop(), prompt, config, None)
                     try:
                         seq.start()
-                    except Exception:
+                    except LlamaspecError as e:  # this prompt cannot run (too long for the context)
+                        seq.abandon()
+                        free.append(seq.seq_id)
+                        yield key, e
+                        continue
+                    except BaseException:
                         seq.abandon()
                         free.append(seq.seq_id)
                         raise

@@ -216,3 +216,4 @@ class SpecOptions:
     n_gpu_layers_draft: int = 0
     ngram: NgramParams = field(default_factory=NgramParams)
     amx: bool | None = None    # --amx / --no-amx; None: LLAMASPEC_AMX or the default (cpu_policy.py)
+    n_seq: int = 1             # sequences decoded together (batch --parallel); n_ctx is per sequence

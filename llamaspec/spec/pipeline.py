@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from llamaspec.errors import UsageError
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.spec.drafters.base import Drafter
@@ -53,7 +54,14 @@ def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingPar
     n_ctx = options.n_ctx
     if n_ctx is None:  # past the training context a model degrades; llama.cpp warns about it
         n_ctx = min(DEFAULT_CTX, target.n_ctx_train) if target.n_ctx_train > 0 else DEFAULT_CTX
-    ctx = Context(target, ContextConfig(n_ctx=n_ctx, n_threads=options.n_threads))
+    elif n_ctx == 0:
+        n_ctx = target.n_ctx_train
+    if options.n_seq > 1 and loads_mtp_layers(options.spec_types):
+        raise UsageError("--parallel with MTP drafting is not supported yet",
+                         "use --parallel 1 with --spec-type mtp, or another spec type")
+    # n_ctx is per sequence: llama.cpp gives each of n_seq_max sequences n_ctx / n_seq_max.
+    ctx = Context(target, ContextConfig(n_ctx=n_ctx * options.n_seq, n_threads=options.n_threads,
+                                        n_seq_max=options.n_seq))
     built = build_drafter(options, target, ctx, sampling or SamplingParams(temperature=0.0))
     engine = SpecEngine(target, ctx, built.drafter)
     return Pipeline(target, ctx, built.drafter, engine, options, built.draft_model)

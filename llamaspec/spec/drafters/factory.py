@@ -50,7 +50,7 @@ def _draft_model(opts, target, ctx, sampling) -> Built:
         raise UsageError("--spec-type draft needs a draft model", "pass --draft PATH (or --draft auto)")
     model = Model(opts.draft_path, n_gpu_layers=opts.n_gpu_layers_draft,  # AMX choice: the target's
                   amx=opts.amx if opts.amx is not None else getattr(target, "amx", None))
-    dctx = Ctx(model, ContextConfig(n_ctx=ctx.n_ctx, n_threads=opts.n_threads))
+    dctx = Ctx(model, ContextConfig(n_ctx=ctx.n_ctx, n_threads=opts.n_threads, n_seq_max=ctx.config.n_seq_max))
     # At T > 0 the draft samples from the target's sampling chain applied to its own logits and
     # hands over those probabilities, so verification can use rejection sampling.
     dist = None if sampling.greedy else (lambda row, recent: target_distribution(row, sampling, recent))

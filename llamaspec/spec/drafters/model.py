@@ -107,8 +107,8 @@ class ModelDrafter(Drafter):
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
         if n_max <= 0 or not history:
             return Draft([])
-        if len(history) + n_max > self.ctx.n_ctx:
-            n_max = self.ctx.n_ctx - len(history)
+        if len(history) + n_max > self.ctx.n_ctx_seq:
+            n_max = self.ctx.n_ctx_seq - len(history)
             if n_max <= 0:
                 return Draft([])
         self._sync(seq_id, history)

@@ -1,0 +1,69 @@
+"""The options of a generation, shared by `run` and `batch` (declared once): the command gets them
+as `gen`, the keyword arguments of `llamaspec.Generator`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from llamaspec.cli._options import (
+    CTX_SIZE_CHECK, AmxOpt, ChatOpt, DraftMaxOpt, DraftPMinOpt, FixedDraftOpt, ForceDraftOpt, OfflineOpt,
+    ThreadsOpt, _flag_group, at_least, in_range,
+)
+from llamaspec.errors import UsageError
+from llamaspec.spec.options import spec_type_help  # the spec-type table; no llama_cpp import
+
+SPEC_HELP = (f"Speculative types, comma list, llama.cpp's names (aliases): {spec_type_help()}. "
+             "Default: draft when --draft is given, else none.")
+
+DraftOpt = Annotated[Optional[str], typer.Option(
+    "--draft", "-md", "--model-draft",
+    help="Draft model: a GGUF path or Hub ref, 'auto' (MTP heads, a draft on disk, the registry, "
+         "else ngram-mod), or 'none'.")]
+SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", help=SPEC_HELP)]
+DraftMinOpt = Annotated[int, typer.Option("--draft-min", "--spec-draft-n-min", help="Drop drafts shorter than this.")]
+NPredictOpt = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.", callback=at_least("-n", 0))]
+TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.",
+                                        callback=at_least("--temp", 0, "0 means greedy"))]
+TopKOpt = Annotated[int, typer.Option("--top-k")]
+TopPOpt = Annotated[float, typer.Option("--top-p", callback=in_range("--top-p", 0, 1, open_low=True))]
+MinPOpt = Annotated[float, typer.Option("--min-p", callback=in_range("--min-p", 0, 1))]
+RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty")]
+RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n")]
+SeedOpt = Annotated[Optional[int], typer.Option("-s", "--seed", help="Sampling seed (same seed, same output).")]
+StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")]
+CtxSizeOpt = Annotated[Optional[int], typer.Option(
+    "-c", "--ctx-size", help="Context size in tokens (default 4096, capped at the model's training "
+                             "context; 0: the training context).", callback=CTX_SIZE_CHECK)]
+NglOpt = Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers on the GPU.")]
+NgldOpt = Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers on the GPU.")]
+SystemOpt = Annotated[Optional[str], typer.Option("--system", help="System message (chat mode).")]
+SearchOpt = Annotated[Optional[list[Path]], typer.Option("--search", help="Also look here for drafts (--draft auto).")]
+
+
+def _generator_kwargs(**v: Any) -> dict[str, Any]:
+    if v["draft_min"] < 0 or (v["draft_max"] is not None and v["draft_min"] > v["draft_max"]):
+        raise UsageError("--draft-min must be between 0 and --draft-max")
+    return {"draft": v["draft"], "spec_type": v["spec_type"], "draft_max": v["draft_max"],
+            "draft_min": v["draft_min"], "draft_p_min": v["draft_p_min"], "adaptive": not v["fixed_k"],
+            "max_tokens": v["n_predict"], "temperature": v["temp"], "top_k": v["top_k"], "top_p": v["top_p"],
+            "min_p": v["min_p"], "repeat_penalty": v["repeat_penalty"], "repeat_last_n": v["repeat_last_n"],
+            "seed": v["seed"], "stop": v["stop"] or [], "ctx_size": v["ctx_size"], "threads": v["threads"],
+            "n_gpu_layers": v["ngl"], "n_gpu_layers_draft": v["ngld"], "amx": v["amx"], "chat": v["chat"],
+            "system": v["system"], "offline": v["offline"], "force_draft": v["force_draft"],
+            "search": v["search"] or []}
+
+
+# run and batch: the command gets `gen`, the keyword arguments of Generator (model and ngram apart).
+generation_flags = _flag_group("gen", {
+    "draft": (DraftOpt, None), "spec_type": (SpecTypeOpt, None), "draft_max": (DraftMaxOpt, None),
+    "draft_min": (DraftMinOpt, 0), "draft_p_min": (DraftPMinOpt, 0.0), "fixed_k": (FixedDraftOpt, False),
+    "n_predict": (NPredictOpt, 256), "temp": (TempOpt, 0.8), "top_k": (TopKOpt, 40), "top_p": (TopPOpt, 0.95),
+    "min_p": (MinPOpt, 0.05), "repeat_penalty": (RepeatPenaltyOpt, 1.0), "repeat_last_n": (RepeatLastNOpt, 64),
+    "seed": (SeedOpt, None), "stop": (StopOpt, None), "ctx_size": (CtxSizeOpt, None), "threads": (ThreadsOpt, None),
+    "ngl": (NglOpt, 0), "ngld": (NgldOpt, 0), "amx": (AmxOpt, None), "chat": (ChatOpt, None),
+    "system": (SystemOpt, None), "offline": (OfflineOpt, False), "force_draft": (ForceDraftOpt, False),
+    "search": (SearchOpt, None),
+}, _generator_kwargs)

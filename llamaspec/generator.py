@@ -1,0 +1,227 @@
+"""The Python API for scripts: `Generator`, built from the same options as `llamaspec run`.
+
+    from llamaspec import Generator
+
+    with Generator("model.gguf", draft="auto", temperature=0) as gen:
+        print(gen.generate("Write a haiku about the sea.").text)
+        for result in gen.generate_many(["one prompt", "another"], parallel=2):
+            print(result.id, result.finish_reason, result.stats["acceptance"])
+
+Models load once, when the Generator is made, and are freed by `close()` (or the `with` block).
+`run` and `batch` are built on it, so a script gets exactly what the commands do: the same
+resolution of model references and `draft="auto"`, the same defaults, the same seeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from llamaspec.errors import LlamaspecError, UsageError
+
+# A prompt: text (the chat template is applied when the model has one, unless chat=False) or a
+# list of chat messages [{"role": ..., "content": ...}].
+Prompt = str | Sequence[dict]
+
+
+@dataclass
+class Result:
+    """One generation: text, tokens, why it stopped, and the numbers `run --json` prints."""
+
+    id: str
+    text: str
+    tokens: list[int]
+    finish_reason: str          # "stop" (EOS or a stop string), "length", "context", "interrupted"
+    stop_reason: str            # the engine's finer reason: "eos" | "stop" | "length" | ...
+    n_prompt: int
+    stats: dict[str, Any] = field(default_factory=dict)
+    error: LlamaspecError | None = None   # generate_many: this prompt could not run (the rest did)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"id": self.id, "text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
+             "stop_reason": self.stop_reason, "n_prompt": self.n_prompt, **self.stats}
+        if self.error is not None:
+            d["error"] = self.error.message
+        return d
+
+
+@dataclass
+class Request:
+    """A prompt with optional per-request settings (None: the Generator's)."""
+
+    prompt: Prompt
+    id: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: Sequence[str] | None = None
+    chat: bool | None = None   # a text prompt: apply the chat template (None: the Generator's choice)
+
+
+def finish_reason(stop_reason: str) -> str:
+    """OpenAI's finish_reason for an engine stop reason ("eos" and stop strings are both "stop")."""
+    return {"eos": "stop", "stop": "stop"}.get(stop_reason, stop_reason)
+
+
+class Generator:
+    """Loaded target (and draft) with the options of `llamaspec run`; see the module docstring.
+
+    model: a GGUF path or Hub reference (None: the bundled SmolLM2). draft: a path, Hub reference,
+    "auto" or None. spec_type: llama.cpp's --spec-type value ("ngram-mod", "draft,ngram-simple").
+    Sampling (temperature 0 = greedy), max_tokens and stop are defaults that each request may
+    override. Everything else is fixed for the Generator's life (models load once).
+    """
+
+    def __init__(self, model: str | Path | None = None, *, draft: str | Path | None = None,
+                 spec_type: str | None = None, draft_max: int | None = None, draft_min: int = 0,
+                 draft_p_min: float = 0.0, adaptive: bool = True, ctx_size: int | None = None,
+                 threads: int | None = None, n_gpu_layers: int = 0, n_gpu_layers_draft: int = 0,
+                 amx: bool | None = None, ngram=None, parallel: int = 1,
+                 temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int | None = None,
+                 max_tokens: int = 256, stop: Sequence[str] = (), chat: bool | None = None,
+                 system: str | None = None, offline: bool = False, force_draft: bool = False,
+                 search: Sequence[Path] = ()):
+        from llamaspec.resolve import resolve
+        from llamaspec.spec.options import NgramParams, SpecOptions
+        from llamaspec.spec.pipeline import load_pipeline
+        from llamaspec.spec.verify import SamplingParams
+
+        if parallel < 1:
+            raise UsageError("--parallel must be >= 1")
+        self.resolved = resolve(None if model is None else str(model), None if draft is None else str(draft),
+                                spec_type, offline=offline, force_draft=force_draft, search=search)
+        r = self.resolved
+        self.sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                       repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
+        self.options = SpecOptions(spec_types=r.spec_types, draft_path=r.draft_path,
+                                   draft_max=draft_max if draft_max is not None else r.draft_max,
+                                   draft_min=draft_min, draft_p_min=draft_p_min, adaptive=adaptive,
+                                   n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
+                                   n_gpu_layers_draft=n_gpu_layers_draft, ngram=ngram or NgramParams(),
+                                   amx=amx, n_seq=parallel)
+        self.max_tokens, self.stop = max_tokens, list(stop)
+        self.chat, self.system = chat, system
+        self.pipeline = load_pipeline(r.target_path, self.options, self.sampling)
+
+    # -- what was loaded -----------------------------------------------------------------------
+    @property
+    def spec_label(self) -> str:
+        return self.resolved.spec_label
+
+    @property
+    def notes(self) -> list[str]:
+        """One-line notes from resolution (what --draft auto chose and why)."""
+        return list(self.resolved.notes)
+
+    @property
+    def n_ctx(self) -> int:
+        return self.pipeline.ctx.n_ctx // max(1, self.options.n_seq)
+
+    def describe(self) -> dict[str, Any]:
+        """Model, draft and settings: what a batch job's resume check compares."""
+        r, o, s = self.resolved, self.options, self.sampling
+        return {"model": str(r.target_path), "model_size": r.target_path.stat().st_size,
+                "draft": str(r.draft_path) if r.draft_path else None, "spec_type": r.spec_label,
+                "draft_max": o.draft_max, "draft_min": o.draft_min, "draft_p_min": o.draft_p_min,
+                "adaptive": o.adaptive, "n_ctx": self.n_ctx, "temperature": s.temperature, "top_k": s.top_k,
+                "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty, "seed": s.seed,
+                "max_tokens": self.max_tokens, "stop": self.stop, "chat": self.chat, "system": self.system}
+
+    # -- generating ----------------------------------------------------------------------------
+    def tokenize(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Prompt tokens as `run` makes them: the chat template by default when the model has one."""
+        target = self.pipeline.target
+        if isinstance(prompt, str):
+            chat = self.chat if chat is None else chat
+            use_chat = chat if chat is not None else target.chat_template is not None
+            if not use_chat:
+                if self.system:
+                    raise UsageError("--system needs chat mode", "drop --raw, or put the system text in the prompt")
+                return target.tokenize_prompt(prompt)
+            messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
+                {"role": "user", "content": prompt}]
+        else:
+            messages = list(prompt)
+            if self.system and not any(m.get("role") == "system" for m in messages):
+                messages.insert(0, {"role": "system", "content": self.system})
+        return target.tokenize_prompt(target.chat_prompt(messages))
+
+    def _config(self, req: Request):
+        sampling = self.sampling
+        if req.temperature is not None or req.top_p is not None or req.seed is not None:
+            sampling = replace(sampling, **{k: v for k, v in (("temperature", req.temperature),
+                                                               ("top_p", req.top_p), ("seed", req.seed))
+                                            if v is not None})
+        return self.pipeline.config(max_tokens=self.max_tokens if req.max_tokens is None else req.max_tokens,
+                                    sampling=sampling, stop=list(self.stop if req.stop is None else req.stop))
+
+    def generate(self, prompt: Prompt | Request, *, on_text: Callable[[str, bool, str], None] | None = None,
+                 should_stop: Callable[[], bool] | None = None) -> Result:
+        """One generation. on_text(piece, from_draft, drafter) streams the text as it comes."""
+        req = prompt if isinstance(prompt, Request) else Request(prompt)
+        gen = self.pipeline.engine.generate(self.tokenize(req.prompt, req.chat), self._config(req), on_text=on_text,
+                                            should_stop=should_stop)
+        return self._result(req.id or "0", gen)
+
+    def generate_many(self, prompts: Iterable[Prompt | Request], *, parallel: int | None = None,
+                      should_stop: Callable[[], bool] | None = None) -> Iterator[Result]:
+        """Results as they finish (not in input order when parallel > 1; `Result.id` says which:
+        the request's id, else its index). parallel: sequences decoded together in one context
+        (at most the Generator's `parallel`). A prompt that cannot run (too long for the context, a
+        chat template error) gives a Result with `error` set, and the others go on."""
+        n = self.options.n_seq if parallel is None else parallel
+        if not 1 <= n <= self.options.n_seq:
+            raise UsageError(f"parallel must be between 1 and {self.options.n_seq} (the Generator's parallel)")
+
+        failed: list[Result] = []  # prompts that could not be tokenized, reported in turn
+
+        def jobs():
+            for i, p in enumerate(prompts):
+                req = p if isinstance(p, Request) else Request(p)
+                key = req.id if req.id is not None else str(i)
+                try:
+                    yield key, self.tokenize(req.prompt, req.chat), self._config(req)
+                except LlamaspecError as e:
+                    failed.append(self._failure(key, e))
+
+        for key, gen in self.pipeline.engine.generate_many(jobs(), parallel=n, should_stop=should_stop):
+            yield from failed
+            failed.clear()
+            yield self._failure(key, gen) if isinstance(gen, LlamaspecError) else self._result(key, gen)
+        yield from failed
+
+    @staticmethod
+    def _failure(key: str, error: LlamaspecError) -> Result:
+        return Result(key, "", [], "error", "error", 0, {}, error)
+
+    def _result(self, key: str, gen) -> Result:
+        from llamaspec.spec.report import generation_dict
+
+        stats = generation_dict(gen, spec_type=self.spec_label, draft_model=self.resolved.draft_ref,
+                                model=self.resolved.target_ref)
+        for k in ("text", "tokens", "stop_reason"):
+            stats.pop(k, None)
+        return Result(key, gen.text, gen.tokens, finish_reason(gen.stop_reason), gen.stop_reason,
+                      gen.n_prompt, stats)
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the contexts and models now (idempotent)."""
+        pipe, self.pipeline = getattr(self, "pipeline", None), None
+        if pipe is not None:
+            pipe.close()
+
+    def __enter__(self) -> "Generator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,128 @@
+"""`llamaspec batch` and the Python API it is built on: per-line failures, resume after SIGKILL,
+settings checks, and --parallel N giving --parallel 1's greedy text."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llamaspec import Generator
+
+PROMPTS = [f"Write about topic number {i}: rivers, stones and {i} birds." for i in range(30)]
+
+
+def _write_input(path: Path, prompts=PROMPTS) -> Path:
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+    return path
+
+
+def _records(path: Path) -> dict[str, dict]:
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    ids = [r.get("custom_id") or r.get("id") for r in recs]
+    assert len(ids) == len(set(ids)), "an id was written twice"
+    return dict(zip(ids, recs))
+
+
+def test_generator_gives_what_run_prints(run_cli, tiny_models):
+    common = ["-p", "Tell me about the sea.", "-n", "24", "--temp", "0", "-t", "1"]
+    r = run_cli("run", tiny_models["target"], *common, "--draft", tiny_models["draft"], "--json")
+    assert r.exit_code == 0, r.stderr
+    with Generator(tiny_models["target"], draft=tiny_models["draft"], temperature=0, max_tokens=24,
+                   threads=1) as g:
+        res = g.generate("Tell me about the sea.")
+    assert res.tokens == r.json()["tokens"] and res.stats["spec_type"] == "draft-simple"
+    assert g.pipeline is None  # closed by the with block
+
+
+@pytest.mark.parametrize("spec", [["--draft", "DRAFT"], ["--spec-type", "ngram-simple,ngram-mod"]])
+def test_parallel_gives_the_sequential_greedy_text(run_cli, tiny_models, tmp_path, spec):
+    spec = [tiny_models["draft"] if a == "DRAFT" else a for a in spec]
+    inp = _write_input(tmp_path / "in.jsonl", PROMPTS[:8])
+    outs = {}
+    for n in (1, 3):
+        out = tmp_path / f"out{n}.jsonl"
+        r = run_cli("batch", tiny_models["target"], inp, "-o", out, "--temp", "0", "-n", "40", "-t", "1",
+                    "--parallel", str(n), *spec)
+        assert r.exit_code == 0, r.stderr
+        outs[n] = _records(out)
+    assert set(outs[1]) == set(outs[3]) == {f"p{i}" for i in range(8)}
+    for key in outs[1]:
+        assert outs[3][key]["text"] == outs[1][key]["text"], key
+    assert sum(r["drafted"] for r in outs[3].values()) > 0
+
+
+def test_malformed_lines_are_recorded_and_the_job_goes_on(run_cli, tiny_models, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "ok1", "prompt": "Hi"}\nnot json\n{"id": "bad", "prompt": 3}\n'
+                   '{"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Hi", "max_tokens": 4}}\n'
+                   '{"id": "long", "prompt": "' + "word " * 600 + '"}\n')
+    out = tmp_path / "out.jsonl"
+    r = run_cli("batch", tiny_models["target"], inp, "-o", out, "--temp", "0", "-n", "8", "-t", "1", "-c", "256")
+    assert r.exit_code == 1  # some lines failed
+    assert "line 2: invalid JSON" in r.stderr and "line 3: prompt must be a string" in r.stderr
+    assert "Traceback" not in r.stderr
+    recs = _records(out)
+    assert recs["line-2"]["error"]["line"] == 2 and recs["bad"]["error"]["line"] == 3
+    assert recs["ok1"]["text"] and recs["ok1"]["n_generated"] == 8
+    assert recs["c"]["response"]["status_code"] == 200
+    assert recs["c"]["response"]["body"]["usage"]["completion_tokens"] == 4
+    assert "context" in recs["long"]["error"]["message"]
+    # a rerun does nothing more: every id is there once
+    r2 = run_cli("batch", tiny_models["target"], inp, "-o", out, "--temp", "0", "-n", "8", "-t", "1", "-c", "256")
+    assert r2.exit_code == 0 and _records(out).keys() == recs.keys()
+    # other settings on resume: refused, naming what changed
+    r3 = run_cli("batch", tiny_models["target"], inp, "-o", out, "--temp", "0", "-n", "9", "-t", "1", "-c", "256")
+    assert r3.exit_code == 2 and "max_tokens was 8, now 9" in r3.stderr
+
+
+def test_duplicate_ids_stop_the_job_before_any_work(run_cli, tiny_models, tmp_path):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
+    r = run_cli("batch", tiny_models["target"], inp, "-o", tmp_path / "out.jsonl")
+    assert r.exit_code != 0 and 'duplicate id "a" on lines 1 and 2' in r.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_job_has_every_id_once_and_the_uninterrupted_text(tiny_models, tmp_path):
+    """30 prompts, SIGKILL at random moments several times, then resumed to the end."""
+    inp = _write_input(tmp_path / "in.jsonl")
+    args = ["batch", str(tiny_models["target"]), str(inp), "--draft", str(tiny_models["draft"]), "--temp", "0",
+            "-n", "160", "-t", "1", "--parallel", "2", "-q"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    ref = tmp_path / "ref.jsonl"
+    subprocess.run([sys.executable, "-m", "llamaspec", *args, "-o", str(ref)], check=True, env=env, timeout=300)
+    out = tmp_path / "out.jsonl"
+    rng = random.Random(1234)
+
+    def n_lines() -> int:
+        return out.read_bytes().count(b"\n") if out.exists() else 0
+
+    kills = 0
+    for attempt in range(6):  # five runs killed mid-job at a random moment, then one to the end
+        p = subprocess.Popen([sys.executable, "-m", "llamaspec", *args, "-o", str(out)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if attempt < 5:
+            # wait for a few more records, then kill within the next moments: mid-record or between
+            target = n_lines() + rng.randint(1, 4)
+            deadline = time.monotonic() + 120
+            while p.poll() is None and n_lines() < target and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.05))
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                kills += 1
+        p.wait(timeout=300)
+    assert p.returncode == 0
+    assert kills >= 3, "the job must have been killed mid-way for this test to mean anything"
+    got, want = _records(out), _records(ref)
+    assert set(got) == set(want) == {f"p{i}" for i in range(30)}
+    assert all(got[k]["text"] == want[k]["text"] for k in want)
