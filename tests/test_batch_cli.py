@@ -126,3 +126,16 @@ def test_killed_and_resumed_job_has_every_id_once_and_the_uninterrupted_text(tin
     got, want = _records(out), _records(ref)
     assert set(got) == set(want) == {f"p{i}" for i in range(30)}
     assert all(got[k]["text"] == want[k]["text"] for k in want)
+
+
+def test_progress_lines_and_summary_without_a_terminal(run_cli, tiny_models, tmp_path, monkeypatch):
+    from llamaspec.cli import batch as batch_cmd
+
+    monkeypatch.setattr(batch_cmd._Progress, "EVERY", 0.0)  # a line per request instead of every 5 s
+    inp = _write_input(tmp_path / "in.jsonl", PROMPTS[:3])
+    r = run_cli("batch", tiny_models["target"], inp, "-o", tmp_path / "o.jsonl", "--temp", "0", "-n", "8",
+                "-t", "1", "--spec-type", "ngram-mod", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert "3/3 done" in r.stderr and "tok/s" in r.stderr and "ETA" in r.stderr
+    summary = r.json()
+    assert summary["done"] == summary["total"] == 3 and summary["failed"] == 0 and summary["tokens"] == 24

@@ -93,7 +93,8 @@ def batch(
 
 
 class _Progress:
-    """done/total, tokens/s, acceptance and ETA on stderr: a line every few seconds."""
+    """done/total, tokens/s, acceptance and ETA on stderr: a Rich bar at a terminal, else a line
+    every few seconds (none with -q)."""
 
     EVERY = 5.0
 
@@ -101,6 +102,14 @@ class _Progress:
         self.out, self.total = out, total
         self.done = self.tokens = self.drafted = self.accepted = 0
         self.t0 = self.last = time.perf_counter()
+        self.bar = self.task = None
+        if out.progress_enabled and total:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("batch"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+                                TimeRemainingColumn(), console=out.stderr, transient=True)
+            self.task = self.bar.add_task("batch", total=total, rate="")
+            self.bar.start()
 
     def update(self, res) -> None:
         self.done += 1
@@ -108,6 +117,10 @@ class _Progress:
         self.drafted += res.stats.get("drafted", 0)
         self.accepted += res.stats.get("accepted", 0)
         now = time.perf_counter()
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done, rate=f"{self.tokens / (now - self.t0):.1f} tok/s, "
+                                                                 f"acceptance {self._acceptance():.0%}")
+            return
         if now - self.last >= self.EVERY and not self.out.quiet:
             self.last = now
             rate = self.done / (now - self.t0)
@@ -119,6 +132,8 @@ class _Progress:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     def finish(self, failed: int, interrupted: bool = False) -> dict:
+        if self.bar is not None:
+            self.bar.stop()
         secs = time.perf_counter() - self.t0
         summary = {"done": self.done, "total": self.total, "failed": failed, "tokens": self.tokens,
                    "seconds": secs, "tokens_per_second": self.tokens / secs if secs > 0 else 0.0,
