@@ -137,21 +137,8 @@ def test_sampling_matches_target_distribution(tiny_target, tiny_models, rule):
     ctx.close()
     assert drafted > runs // 2, "the drafter must actually draft for this test to mean anything"
     assert set(counts) <= set(exact), "sampled a sequence the target cannot produce"
-    # Chi-square goodness of fit, pooling cells with small expectation.
-    chi2, df, pooled_e, pooled_o = 0.0, -1, 0.0, 0
-    for key, p in exact.items():
-        e, o = p * runs, counts.get(key, 0)
-        if e < 5:
-            pooled_e, pooled_o = pooled_e + e, pooled_o + o
-            continue
-        chi2 += (o - e) ** 2 / e
-        df += 1
-    if pooled_e > 0:
-        chi2 += (pooled_o - pooled_e) ** 2 / pooled_e
-        df += 1
-    p_value = _chi2_sf(chi2, df)
+    p_value, chi2, df = _chi2_p_value(exact, counts, runs)
     assert p_value > 1e-3, f"{rule}: chi2={chi2:.1f} df={df} p={p_value:.2e}"
-
 
 def _chi2_p_value(exact: dict[tuple, float], counts: dict[tuple, int], runs: int) -> tuple[float, float, int]:
     """(p-value, chi2, df) of observed sequence counts against exact probabilities, cells with an
