@@ -173,15 +173,32 @@ NgramModMinOpt = Annotated[Optional[int], typer.Option(
 NgramModMaxOpt = Annotated[Optional[int], typer.Option(
     "--spec-ngram-mod-n-max", help="ngram-mod: longest draft (64).")]
 
+NgramMapKSizeNOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-map-k-size-n", help="ngram-map-k: key n-gram length (12).")]
+NgramMapKSizeMOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-map-k-size-m", help="ngram-map-k: tokens drafted after a key (48).")]
+NgramMapKMinHitsOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-map-k-min-hits", help="ngram-map-k: accepted for llama.cpp parity, which ignores it (1).")]
+NgramMapK4vSizeNOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-map-k4v-size-n", help="ngram-map-k4v: key n-gram length (12).")]
+NgramMapK4vSizeMOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-map-k4v-size-m", help="ngram-map-k4v: tokens drafted after a key (48).")]
+NgramMapK4vMinHitsOpt = Annotated[Optional[int], typer.Option(
+    "--spec-ngram-map-k4v-min-hits", help="ngram-map-k4v: lookups of a key before it drafts (1).")]
+
 
 def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, mod_min: int | None,
-                 mod_max: int | None) -> NgramParams:
+                 mod_max: int | None, map_k_size_n: int | None = None, map_k_size_m: int | None = None,
+                 map_k_min_hits: int | None = None, map_k4v_size_n: int | None = None,
+                 map_k4v_size_m: int | None = None, map_k4v_min_hits: int | None = None) -> NgramParams:
     """NgramParams from the --spec-ngram-* flags, checked; unset flags keep the defaults."""
     given = {"simple_size_n": size_n, "simple_size_m": size_m, "mod_n_match": mod_match,
-             "mod_n_min": mod_min, "mod_n_max": mod_max}
+             "mod_n_min": mod_min, "mod_n_max": mod_max, "map_k_size_n": map_k_size_n,
+             "map_k_size_m": map_k_size_m, "map_k_min_hits": map_k_min_hits, "map_k4v_size_n": map_k4v_size_n,
+             "map_k4v_size_m": map_k4v_size_m, "map_k4v_min_hits": map_k4v_min_hits}
     for name, value in given.items():
         at_least(f"--spec-ngram-{name.replace('_', '-')}", 1)(value)
-    for name in ("simple_size_m", "mod_n_max"):  # draft lengths: one verify batch
+    for name in ("simple_size_m", "mod_n_max", "map_k_size_m", "map_k4v_size_m"):  # draft lengths: one verify batch
         check_draft_length(given[name], f"--spec-ngram-{name.replace('_', '-')}")
     params = replace(NgramParams(), **{k: v for k, v in given.items() if v is not None})
     if params.mod_n_min > params.mod_n_max:
@@ -193,5 +210,8 @@ def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, 
 ngram_flags = _flag_group(
     "ngram", {"ngram_size_n": (NgramSizeNOpt, None), "ngram_size_m": (NgramSizeMOpt, None),
               "ngram_mod_match": (NgramModMatchOpt, None), "ngram_mod_min": (NgramModMinOpt, None),
-              "ngram_mod_max": (NgramModMaxOpt, None)},
+              "ngram_mod_max": (NgramModMaxOpt, None), "map_k_size_n": (NgramMapKSizeNOpt, None),
+              "map_k_size_m": (NgramMapKSizeMOpt, None), "map_k_min_hits": (NgramMapKMinHitsOpt, None),
+              "map_k4v_size_n": (NgramMapK4vSizeNOpt, None), "map_k4v_size_m": (NgramMapK4vSizeMOpt, None),
+              "map_k4v_min_hits": (NgramMapK4vMinHitsOpt, None)},
     lambda **flags: ngram_params(*flags.values()))  # (the values come in the order declared above)

@@ -42,6 +42,12 @@ _NGRAM_SIMPLE_FLAGS = (("--spec-ngram-simple-size-n", "simple_size_n"),
 _NGRAM_MOD_FLAGS = (("--spec-ngram-mod-n-match", "mod_n_match"),
                     ("--spec-ngram-mod-n-min", "mod_n_min"),
                     ("--spec-ngram-mod-n-max", "mod_n_max"))
+_NGRAM_MAP_K_FLAGS = (("--spec-ngram-map-k-size-n", "map_k_size_n"),
+                      ("--spec-ngram-map-k-size-m", "map_k_size_m"),
+                      ("--spec-ngram-map-k-min-hits", "map_k_min_hits"))
+_NGRAM_MAP_K4V_FLAGS = (("--spec-ngram-map-k4v-size-n", "map_k4v_size_n"),
+                        ("--spec-ngram-map-k4v-size-m", "map_k4v_size_m"),
+                        ("--spec-ngram-map-k4v-min-hits", "map_k4v_min_hits"))
 
 
 @dataclass(frozen=True)
@@ -63,8 +69,8 @@ class SpecType:
 SPEC_TYPES: dict[str, SpecType] = {t.name: t for t in (
     SpecType("none", 0, draft_max=None, implemented=True),
     SpecType("ngram-simple", 1, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_SIMPLE_FLAGS, implemented=True),
-    SpecType("ngram-map-k", 2, draft_max=DRAFT_MAX_NGRAM),
-    SpecType("ngram-map-k4v", 3, draft_max=DRAFT_MAX_NGRAM),
+    SpecType("ngram-map-k", 2, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MAP_K_FLAGS, implemented=True),
+    SpecType("ngram-map-k4v", 3, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MAP_K4V_FLAGS, implemented=True),
     SpecType("ngram-mod", 4, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MOD_FLAGS, implemented=True),
     SpecType("ngram-cache", 5, draft_max=DRAFT_MAX_NGRAM),
     SpecType("draft-simple", 6, aliases=("draft",), needs_draft_model=True, draft_max=DRAFT_MAX_MODEL,
@@ -200,6 +206,13 @@ class NgramParams:
     mod_n_match: int = 6        # llama.cpp: 24
     mod_n_min: int = 4          # llama.cpp: 48
     mod_n_max: int = 64
+    # ngram-map-k / k4v: llama.cpp's defaults and meaning (llama.cpp ignores min-hits for ngram-map-k)
+    map_k_size_n: int = 12
+    map_k_size_m: int = 48
+    map_k_min_hits: int = 1
+    map_k4v_size_n: int = 12
+    map_k4v_size_m: int = 48
+    map_k4v_min_hits: int = 1
 
 
 @dataclass

@@ -66,8 +66,25 @@ def _mtp(opts, target, ctx, sampling) -> Built:
     return Built(MtpDrafter(target, ctx, p_min=opts.draft_p_min))
 
 
+def _ngram_map_k(opts, target, ctx, sampling) -> Built:
+    from llamaspec.spec.drafters.ngram_map import NgramMapKDrafter
+
+    g = opts.ngram
+    return Built(NgramMapKDrafter(size_n=g.map_k_size_n, size_m=g.map_k_size_m, min_hits=g.map_k_min_hits))
+
+
+def _ngram_map_k4v(opts, target, ctx, sampling) -> Built:
+    from llamaspec.spec.drafters.ngram_map import NgramMapK4vDrafter
+
+    g = opts.ngram
+    return Built(NgramMapK4vDrafter(size_n=g.map_k4v_size_n, size_m=g.map_k4v_size_m,
+                                    min_hits=g.map_k4v_min_hits))
+
+
 _BUILDERS: dict[str, Callable[..., Built]] = {
     "ngram-simple": _ngram_simple,
+    "ngram-map-k": _ngram_map_k,
+    "ngram-map-k4v": _ngram_map_k4v,
     "ngram-mod": _ngram_mod,
     "draft-simple": _draft_model,
     "draft-mtp": _mtp,
