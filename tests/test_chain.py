@@ -61,10 +61,10 @@ def test_order_by_priority_and_aliases():
     # usage errors: an unknown type lists the known ones; a known one llamaspec lacks says so
     with pytest.raises(UsageError, match="unknown speculative type 'nope'; known: none, ngram-simple"):
         parse_spec_types("ngram-mod,nope")
-    with pytest.raises(UsageError, match="'ngram-cache' is not implemented by llamaspec yet") as e:
-        parse_spec_types(["ngram-cache", "draft"])
+    with pytest.raises(UsageError, match="'draft-eagle3' is not implemented by llamaspec yet") as e:
+        parse_spec_types(["draft-eagle3", "draft"])
     assert e.value.hint == ("use one of: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
-                            "draft-simple, draft-mtp")
+                            "ngram-cache, draft-simple, draft-mtp")
 
 
 def test_first_non_empty_draft_wins_and_names_its_source():

@@ -15,7 +15,8 @@ from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.spec.verify import SamplingParams
 
-SPEC_TYPES = ["ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "draft", "draft,ngram-simple"]
+SPEC_TYPES = ["ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "draft",
+              "draft,ngram-simple"]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def test_fixed_k_and_adaptive_agree(tiny_target, tiny_models):
 
 @pytest.mark.real
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", ["ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v"])
+@pytest.mark.parametrize("spec", ["ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache"])
 def test_ngram_drafts_on_code_rewrite(smollm2_f16, spec):
     # Random tiny models never copy their prompt; a real model rewriting code does.
     target = Model(smollm2_f16)

@@ -169,10 +169,11 @@ def test_parser_errors_are_one_line_usage_errors(run_cli, args, needle):
     assert "╭" not in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("spec", ["ngram-map-k", "ngram-map-k4v"])
+@pytest.mark.parametrize("spec", ["ngram-map-k", "ngram-map-k4v", "ngram-cache"])
 def test_every_implemented_ngram_type_runs_and_matches_plain(run_cli, tiny_models, spec):
     common = (str(tiny_models["target"]), "-p", "the cat sat on the mat; the cat sat on the mat; the cat",
               "-n", "32", "--temp", "0", "--raw")
     plain, _ = _run_json(run_cli, *common, "--spec-type", "none")
-    got, _ = _run_json(run_cli, *common, "--spec-type", spec, f"--spec-ngram-{spec[6:]}-size-n", "3")
+    sizes = [f"--spec-ngram-{spec[6:]}-size-n", "3"] if spec.startswith("ngram-map") else []
+    got, _ = _run_json(run_cli, *common, "--spec-type", spec, *sizes)
     assert got["spec_type"] == spec and got["tokens"] == plain["tokens"]

@@ -72,7 +72,7 @@ SPEC_TYPES: dict[str, SpecType] = {t.name: t for t in (
     SpecType("ngram-map-k", 2, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MAP_K_FLAGS, implemented=True),
     SpecType("ngram-map-k4v", 3, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MAP_K4V_FLAGS, implemented=True),
     SpecType("ngram-mod", 4, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MOD_FLAGS, implemented=True),
-    SpecType("ngram-cache", 5, draft_max=DRAFT_MAX_NGRAM),
+    SpecType("ngram-cache", 5, draft_max=DRAFT_MAX_NGRAM, implemented=True),
     SpecType("draft-simple", 6, aliases=("draft",), needs_draft_model=True, draft_max=DRAFT_MAX_MODEL,
              native_flags=(("-md", "draft_path"), ("--spec-draft-n-max", "native_draft_max")), implemented=True),
     SpecType("draft-eagle3", 7, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL),

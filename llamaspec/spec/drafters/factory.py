@@ -81,11 +81,19 @@ def _ngram_map_k4v(opts, target, ctx, sampling) -> Built:
                                     min_hits=g.map_k4v_min_hits))
 
 
+def _ngram_cache(opts, target, ctx, sampling) -> Built:
+    from llamaspec.spec.drafters.ngram_cache import NgramCacheDrafter
+
+    # The context cache only: llama.cpp's --lookup-cache-static/-dynamic files are not exposed yet.
+    return Built(NgramCacheDrafter())
+
+
 _BUILDERS: dict[str, Callable[..., Built]] = {
     "ngram-simple": _ngram_simple,
     "ngram-map-k": _ngram_map_k,
     "ngram-map-k4v": _ngram_map_k4v,
     "ngram-mod": _ngram_mod,
+    "ngram-cache": _ngram_cache,
     "draft-simple": _draft_model,
     "draft-mtp": _mtp,
 }
