@@ -15,7 +15,6 @@ import time
 
 import pytest
 
-import llamaspec.batch as bio
 from llamaspec.batch import (
     LineError,
     OutputFile,

@@ -52,7 +52,6 @@ def run(
 
     from llamaspec.cli._report import render_stats
     from llamaspec.generator import Generator
-    from llamaspec.runtime.info import buffer_decision
     from llamaspec.runtime.llama import set_llama_log
 
     set_llama_log(out.verbose)
@@ -61,7 +60,8 @@ def run(
             out.info(note)
         r = g.resolved
         out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")
-        out.detail(buffer_decision(gen["amx"]).reason)
+        placed = g.pipeline.target.buffers  # the policy the load applied, not a second decision
+        out.detail(placed.decision.reason + (f"; {placed.note}" if placed.note else ""))
         on_text = None if out.json else _streamer(out, color)
         result = g.generate(text, on_text=on_text)
         n_ctx_used = g.n_ctx
