@@ -71,7 +71,8 @@ class Generator:
     model: a GGUF path or Hub reference (None: the bundled SmolLM2). draft: a path, Hub reference,
     "auto" or None. spec_type: llama.cpp's --spec-type value ("ngram-mod", "draft,ngram-simple").
     Sampling (temperature 0 = greedy), max_tokens and stop are defaults that each request may
-    override. Everything else is fixed for the Generator's life (models load once).
+    override. Everything else is fixed for the Generator's life (models load once). tuned: apply
+    the configuration `llamaspec tune` stored for these files (settings given here win, one by one).
     """
 
     def __init__(self, model: str | Path | None = None, *, draft: str | Path | None = None,
@@ -83,7 +84,7 @@ class Generator:
                  repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int | None = None,
                  max_tokens: int = 256, stop: Sequence[str] = (), chat: bool | None = None,
                  system: str | None = None, offline: bool = False, force_draft: bool = False,
-                 search: Sequence[Path] = ()):
+                 search: Sequence[Path] = (), tuned: bool = True):
         from llamaspec.resolve import resolve
         from llamaspec.spec.options import NgramParams, SpecOptions
         from llamaspec.spec.pipeline import load_pipeline
@@ -94,13 +95,29 @@ class Generator:
         self.resolved = resolve(None if model is None else str(model), None if draft is None else str(draft),
                                 spec_type, offline=offline, force_draft=force_draft, search=search)
         r = self.resolved
+        draft_max = draft_max if draft_max is not None else r.draft_max
+        ngram = ngram or NgramParams()
+        # -- a configuration stored by `llamaspec tune` for these files (llamaspec/tune/apply.py):
+        # settings the caller set win, one by one; `self.tuned` is the `tuned` object of the stats.
+        self.tuned: dict[str, Any] | None = None
+        if tuned:
+            from llamaspec.tune.apply import apply_tuned
+
+            t = apply_tuned(r.target_path, r.draft_path, r.spec_types, spec_type_given=spec_type is not None,
+                            draft_given=draft is not None and str(draft).lower() != "auto", draft_max=draft_max,
+                            draft_p_min=draft_p_min, ngram=ngram, n_gpu_layers=n_gpu_layers, n_seq=parallel)
+            if t is not None:
+                r.spec_types, draft_max, draft_p_min, ngram, self.tuned = (t.spec_types, t.draft_max,
+                                                                           t.draft_p_min, t.ngram, t.info)
+                if not t.uses_draft:
+                    r.draft_path = r.draft_ref = None
+        # -- end of the tuned configuration
         self.sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
-        self.options = SpecOptions(spec_types=r.spec_types, draft_path=r.draft_path,
-                                   draft_max=draft_max if draft_max is not None else r.draft_max,
+        self.options = SpecOptions(spec_types=r.spec_types, draft_path=r.draft_path, draft_max=draft_max,
                                    draft_min=draft_min, draft_p_min=draft_p_min, adaptive=adaptive,
                                    n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                                   n_gpu_layers_draft=n_gpu_layers_draft, ngram=ngram or NgramParams(),
+                                   n_gpu_layers_draft=n_gpu_layers_draft, ngram=ngram,
                                    amx=amx, n_seq=parallel)
         self.max_tokens, self.stop = max_tokens, list(stop)
         self.chat, self.system = chat, system
@@ -204,6 +221,7 @@ class Generator:
                                 model=self.resolved.target_ref)
         for k in ("text", "tokens", "stop_reason"):
             stats.pop(k, None)
+        stats["tuned"] = self.tuned   # the stored `tune` configuration applied, or None
         return Result(key, gen.text, gen.tokens, finish_reason(gen.stop_reason), gen.stop_reason,
                       gen.n_prompt, stats)
 

@@ -48,7 +48,10 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
     target_path = hub.resolve_model(target_ref, offline=offline)
     r = Resolved(target_ref, target_path, types)
 
-    if draft is not None and draft.lower() == "auto":
+    if draft is None and spec_type is None:
+        # Speculation by default: what `--draft auto` finds without downloading anything.
+        _auto(r, search, offline, local_only=True)
+    elif draft is not None and draft.lower() == "auto":
         _auto(r, search, offline)
     elif draft is not None and draft.lower() != "none":
         if draft.isdigit() and not Path(draft).exists():
@@ -64,18 +67,48 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
             r.draft_ref = draft
             r.draft_path = hub.resolve_model(draft, offline=offline)
             if not needs_draft_model(r.spec_types):
-                r.spec_types = parse_spec_types(r.spec_types + [DRAFT_MODEL_TYPE])
+                r.spec_types = parse_spec_types(r.spec_types + [_draft_kind(r.draft_path)])
     if needs_draft_model(r.spec_types) and r.draft_path is None:
         raise UsageError("--spec-type draft needs a draft model", "add --draft PATH or --draft auto")
     return r
 
 
-def _auto(r: Resolved, search: Sequence[Path], offline: bool) -> None:
-    from llamaspec.pairing.autodraft import choose_draft
+def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool = False) -> None:
+    """`--draft auto`; local_only (no --draft and no --spec-type given): never download, and say
+    in one note which registry draft a pull would add."""
+    from llamaspec.pairing.autodraft import TEXT_FALLBACK, choose_draft, text_fallback
 
-    choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline)
-    r.notes.append(f"--draft auto: {choice.reason}")
-    if needs_draft_model([choice.kind]):   # choice.kind is already llama.cpp's spec-type name
+    choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline, dry_run=local_only)
+    if choice.would_download:
+        pull = (f"llamaspec pull {r.target_ref} --draft auto" if _is_hub_ref(r.target_ref)
+                else f"llamaspec pull {choice.label}")
+        r.notes.append(f"the registry's draft {choice.label} is not on disk; `{pull}` downloads it")
+        choice = text_fallback(choice.considered)
+    label = "speculation" if local_only else "--draft auto"
+    r.notes.append(f"{label}: {choice.reason}" + ("; --spec-type none turns it off" if local_only else ""))
+    kinds = [choice.kind]                  # choice.kind is already llama.cpp's spec-type name
+    if needs_draft_model(kinds):
         r.draft_path = choice.path
         r.draft_ref = choice.label or str(choice.path)
-    r.spec_types = parse_spec_types(r.spec_types + [choice.kind])
+        if choice.kind == DRAFT_MODEL_TYPE:
+            # A small draft model pays on free text; copied text (code edits, quotes) drafts better
+            # and for free from the text itself, so both are chained, the text drafter first.
+            kinds.append(TEXT_FALLBACK)
+    r.spec_types = parse_spec_types(r.spec_types + kinds)
+
+
+def _draft_kind(path: Path) -> str:
+    """The spec type a draft file is made for, from its header, as llama.cpp decides it
+    (common_speculative_types_from_gguf): an EAGLE-3 / DFlash / DSpark / Gemma 4 assistant file
+    drafts its own way; any other model is a draft-simple draft."""
+    from llamaspec.gguf.drafts import draft_info
+    from llamaspec.gguf.header import read_file
+
+    info = draft_info(read_file(path))
+    return info.kind if info is not None else DRAFT_MODEL_TYPE
+
+
+def _is_hub_ref(ref: str) -> bool:
+    from llamaspec import hub
+
+    return isinstance(hub.classify(ref), hub.HubRef)

@@ -48,14 +48,26 @@ def test_json_on_tiny_models(run_cli, tiny_models):
     assert info["best"]["mode"] in modes and info["best"]["ratio_vs_plain"] > 0
     assert info["n"] == 16 and info["reps"] == 1 and info["threads"] == 1 and info["prompt_tokens"] > 0
     assert "rep 1/1" in r.stderr  # progress goes to stderr, the JSON object alone to stdout
+    # the theoretical speedup from the mode's own acceptance and costs, and how close it came
+    assert modes[PLAIN]["theory"] is None
+    t = modes["draft-simple"]["theory"]
+    assert t["speedup"] > 0 and t["of_theory"] == pytest.approx(modes["draft-simple"]["ratio_vs_plain"]
+                                                               / t["speedup"], rel=1e-6)
+    assert t["tokens_per_step"] >= 1 and t["draft_cost"] > 0 and t["best_k"] >= 1
+    assert modes["draft-simple"]["per_position_acceptance"] and modes["draft-simple"]["draft"] == "draft.gguf"
+    # the sweep's own keys hold the same run
+    assert len(info["runs"]) == 1 and info["runs"][0]["results"] == info["results"]
+    assert [row["mode"] for row in info["overall"][0]["results"]] == list(modes)
 
 
 def test_table_on_stdout_progress_on_stderr_and_quiet(run_cli, tiny_models):
     r = _bench(run_cli, tiny_models, "--spec-type", "draft", "-p", "Tell me about the sea.")
     assert r.exit_code == 0, r.stderr
-    for word in ("mode", "tok/s", "ratio", "e2e", "accept", "MAL", "identical", "per-rep", "plain",
-                 "draft-simple", "best:"):
+    for word in ("mode", "tok/s", "ratio", "e2e", "accept", "MAL", "theory", "of theory", "identical", "per-rep",
+                 "plain", "draft-simple", "best:", "speedup over plain decoding"):
         assert word in r.stdout
+    bar = next(line for line in r.stdout.splitlines() if "█" in line)   # the chart: one bar for the mode
+    assert bar.startswith("draft-simple") and re.search(r"\d\.\d\dx$", bar)
     assert "rep 1/1 plain" in r.stderr and "rep 1/1" not in r.stdout
     q = _bench(run_cli, tiny_models, "--spec-type", "draft", "-p", "Tell me about the sea.", "-q")
     assert q.exit_code == 0 and q.stderr == ""
@@ -164,23 +176,33 @@ def test_a_mode_that_changed_tokens_is_flagged_and_never_best():
     assert res.differing == [wrong]
 
 
+def _suite_of(res: BenchResult):
+    from llamaspec.spec.bench_suite import PromptRun, SuiteResult, Target
+
+    target = Target("m.gguf", Path("m.gguf"), [])
+    return SuiteResult([target], [PromptRun(target, "prompt", "prompt", False, res)], res.settings, res.reps)
+
+
 def test_render_says_no_for_differing_tokens():
     from rich.console import Console
 
-    from llamaspec.cli.bench import _render, _to_dict
+    from llamaspec.cli._bench_render import render, to_dict
 
     res = _made_up()
-    info = _to_dict(res, model="m.gguf", target_path=Path("m.gguf"), draft=None,
-                    draft_path=None, source="prompt", chat=False)
+    suite = _suite_of(res)
+    info = to_dict(suite, drafts=[])
     assert info["all_identical"] is False
     assert any("fast-but-wrong" in n and "differ" in n for n in info["notes"])
     assert any("no-drafts" in n and "noise" in n for n in info["notes"])
     buf = io.StringIO()
-    _render(Console(file=buf, width=200, color_system=None), res, info)
+    render(Console(file=buf, width=200, color_system=None), suite)
     text = buf.getvalue()
     row = next(line for line in text.splitlines() if line.startswith("fast-but-wrong"))
     assert "NO" in row and "1/3" in row
     assert "best: honest" in text
+    # the chart flags it too: its bar is there, marked, and it is not called best
+    bar = next(line for line in text.splitlines() if line.startswith("fast-but-wrong") and "█" in line)
+    assert "3.00x" in bar and "tokens differ" in bar
 
 
 def test_plain_is_best_when_nothing_beats_it():

@@ -43,8 +43,11 @@ def test_docstring_examples():
 
 
 def test_priority_is_llama_cpp_order():
-    assert PRIORITY[:5] == ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-    assert PRIORITY[5:] == ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+    native = tuple(n for n in PRIORITY if SPEC_TYPES[n].in_llama_cpp)
+    assert native[:5] == ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+    assert native[5:] == ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+    # llamaspec's own type drafts from the text like the n-gram types: after them, before the models
+    assert PRIORITY.index("prompt-lookup") == 5
     assert list(SPEC_TYPES) == ["none", *PRIORITY]  # the table is written in that order
     # every implemented type that drafts has a builder in the factory, and nothing else does
     from llamaspec.spec.drafters.factory import _BUILDERS
@@ -64,7 +67,7 @@ def test_order_by_priority_and_aliases():
     with pytest.raises(UsageError, match="'draft-eagle3' is not implemented by llamaspec yet") as e:
         parse_spec_types(["draft-eagle3", "draft"])
     assert e.value.hint == ("use one of: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
-                            "ngram-cache, draft-simple, draft-mtp")
+                            "ngram-cache, prompt-lookup, draft-simple, draft-mtp")
 
 
 def test_first_non_empty_draft_wins_and_names_its_source():

@@ -21,8 +21,9 @@ ALLOWED = {
     "runtime": {"errors", "gguf"},
     "spec": {"errors", "gguf", "runtime"},
     "batch": {"errors"},
-    "cli": {"errors", "gguf", "hub", "pairing", "runtime", "spec", "api", "batch"},
-    "api": {"errors", "gguf", "hub", "pairing", "runtime", "spec"},
+    "tune": {"errors", "gguf", "hub", "pairing", "runtime", "spec"},
+    "cli": {"errors", "gguf", "hub", "pairing", "runtime", "spec", "api", "batch", "tune"},
+    "api": {"errors", "gguf", "hub", "pairing", "runtime", "spec", "tune"},
     "testing": {"errors", "gguf", "hub", "runtime"},
 }
 

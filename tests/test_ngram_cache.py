@@ -187,8 +187,8 @@ def test_per_sequence_independence(tmp_path):
     p = tmp_path / "dyn.bin"
     d.save_dynamic(p)
     dyn = load_ngram_cache(p)
-    assert dyn[(1, 2, N, N)] == {3: 2}
+    assert dyn[(1, 2, N, N)] == {3: 3}                  # 1 2 3 (x3, the last one accepted)
     merged = {}
-    merge_ngram_caches(merged, _ctx(a))
+    merge_ngram_caches(merged, _ctx(a + [3, 1, 2]))   # the whole sequence, accepted tokens included
     assert dyn == merged
     d.close()

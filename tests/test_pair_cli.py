@@ -163,14 +163,16 @@ def test_scan_skips_what_cannot_match_and_dedupes(tiny_models, tmp_path):
     _link(tiny_models["spm"], d / "spm.gguf")                       # other vocab type: prefiltered
     _link(tiny_models["variant_size_129"], d / "size129.gguf")      # same type, size within... no: 129
     _link(tiny_models["variant_token_text"], d / "changed.gguf")    # compared, incompatible
-    _link(tiny_models["mtp"], d / "mtp-model-F32.gguf")             # a sidecar name: not a model
+    _link(tiny_models["mtp"], d / "mtp-model-F32.gguf")             # MTP heads of its own model: not a draft
     _link(tiny_models["draft"], d / "split-00002-of-00003.gguf")    # later split part: skipped by name
     (d / "notes.txt").write_text("hello")
     target = read_file(tiny_models["target"])
     cands = discovery.scan(target, discovery.search_roots([d]))
     by_name = {c.path.name: c for c in cands}
-    assert set(by_name) == {"draft.gguf", "target-again.gguf", "spm.gguf", "size129.gguf", "changed.gguf"} or \
-        set(by_name) == {"same-file.gguf", "target-again.gguf", "spm.gguf", "size129.gguf", "changed.gguf"}
+    rest = {"target-again.gguf", "spm.gguf", "size129.gguf", "changed.gguf", "mtp-model-F32.gguf"}
+    assert set(by_name) == {"draft.gguf"} | rest or set(by_name) == {"same-file.gguf"} | rest
+    # sidecar names are read (an assistant or EAGLE-3 file may carry one), but this one is no draft
+    assert by_name["mtp-model-F32.gguf"].verdict is None and "MTP heads" in by_name["mtp-model-F32.gguf"].skipped
     draft = by_name.get("draft.gguf") or by_name["same-file.gguf"]
     assert draft.compatible
     assert by_name["target-again.gguf"].skipped == "the target itself"

@@ -25,7 +25,7 @@ def _run_json(run_cli, *args):
 
 def test_json_has_every_key_and_spec_matches_plain(run_cli, tiny_models):
     common = (str(tiny_models["target"]), "-p", "Tell me about the sea.", "-n", "32", "--temp", "0")
-    plain, _ = _run_json(run_cli, *common)
+    plain, _ = _run_json(run_cli, *common, "--spec-type", "none")
     spec, _ = _run_json(run_cli, *common, "--draft", str(tiny_models["draft"]))
     assert KEYS <= set(plain) and KEYS <= set(spec)
     assert plain["spec_type"] == "none" and plain["draft_model"] is None
@@ -44,16 +44,17 @@ def test_draft_auto_takes_a_compatible_draft_on_disk(run_cli, tiny_models, tmp_p
     os.symlink(tiny_models["other_vocab"], d / "other.gguf")  # incompatible: must not be taken
     info, r = _run_json(run_cli, str(tiny_models["target"]), "-p", "hi", "-n", "8", "--temp", "0",
                         "--draft", "auto", "--search", str(d), "--offline")
-    assert info["spec_type"] == "draft-simple"
+    # the draft model chained behind the text drafter (copied text drafts better from the text)
+    assert info["spec_type"] == "prompt-lookup,draft-simple"
     assert Path(info["draft_model"]).name == "tiny-draft.gguf"
     assert "--draft auto:" in r.stderr  # the one-line explanation on stderr
 
 
-def test_draft_auto_falls_back_to_ngram_mod(run_cli, tiny_models, isolated_home):
+def test_draft_auto_falls_back_to_prompt_lookup(run_cli, tiny_models, isolated_home):
     info, r = _run_json(run_cli, str(tiny_models["target"]), "-p", "hi", "-n", "8", "--temp", "0",
                         "--draft", "auto", "--offline")
-    assert info["spec_type"] == "ngram-mod" and info["draft_model"] is None
-    assert "n-gram drafting" in r.stderr
+    assert info["spec_type"] == "prompt-lookup" and info["draft_model"] is None
+    assert "prompt-lookup drafting from the text itself" in r.stderr
 
 
 def test_draft_auto_prefers_mtp_heads(run_cli, tiny_models, isolated_home):

@@ -16,12 +16,13 @@ from llamaspec.errors import UsageError
 from llamaspec.spec.options import spec_type_help  # the spec-type table; no llama_cpp import
 
 SPEC_HELP = (f"Speculative types, comma list, llama.cpp's names (aliases): {spec_type_help()}. "
-             "Default: draft when --draft is given, else none.")
+             "Default: draft when --draft is given, else what --draft auto finds on disk "
+             "(never a download); none turns speculation off.")
 
 DraftOpt = Annotated[Optional[str], typer.Option(
     "--draft", "-md", "--model-draft",
     help="Draft model: a GGUF path or Hub ref, 'auto' (MTP heads, a draft on disk, the registry, "
-         "else ngram-mod), or 'none'.")]
+         "else prompt-lookup), or 'none'. Default (no --draft, no --spec-type): auto without downloads.")]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", help=SPEC_HELP)]
 DraftMinOpt = Annotated[int, typer.Option("--draft-min", "--spec-draft-n-min", help="Drop drafts shorter than this.")]
 NPredictOpt = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.", callback=at_least("-n", 0))]

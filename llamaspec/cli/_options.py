@@ -187,11 +187,37 @@ NgramMapK4vMinHitsOpt = Annotated[Optional[int], typer.Option(
     "--spec-ngram-map-k4v-min-hits", help="ngram-map-k4v: lookups of a key before it drafts (1).")]
 
 
+LookupCacheStaticOpt = Annotated[Optional[Path], typer.Option(
+    "-lcs", "--lookup-cache-static", help="ngram-cache: n-gram cache file to draft from, read only "
+    "(llama.cpp's format, e.g. made by llama-lookup-create).")]
+LookupCacheDynamicOpt = Annotated[Optional[Path], typer.Option(
+    "-lcd", "--lookup-cache-dynamic", help="ngram-cache: n-gram cache file read at start (if it exists) "
+    "and written back with this run's n-grams at the end.")]
+
+
+def check_cache_files(static: Path | None, dynamic: Path | None) -> None:
+    """The --lookup-cache-* paths: the static file must exist; the dynamic one may be new, but its
+    directory must exist (it is written at the end: better to fail before generating)."""
+    if static is not None and not static.is_file():
+        what = "is a directory" if static.is_dir() else "not found"
+        raise UsageError(f"--lookup-cache-static file {what}: {static}",
+                         "give an n-gram cache file in llama.cpp's format (llama-lookup-create writes one)")
+    if dynamic is not None:
+        if dynamic.is_dir():
+            raise UsageError(f"--lookup-cache-dynamic is a directory: {dynamic}", "give a file path")
+        if not dynamic.parent.is_dir():
+            raise UsageError(f"--lookup-cache-dynamic: directory {dynamic.parent} does not exist",
+                             "create it, or give a path in an existing directory")
+
+
 def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, mod_min: int | None,
                  mod_max: int | None, map_k_size_n: int | None = None, map_k_size_m: int | None = None,
                  map_k_min_hits: int | None = None, map_k4v_size_n: int | None = None,
-                 map_k4v_size_m: int | None = None, map_k4v_min_hits: int | None = None) -> NgramParams:
-    """NgramParams from the --spec-ngram-* flags, checked; unset flags keep the defaults."""
+                 map_k4v_size_m: int | None = None, map_k4v_min_hits: int | None = None,
+                 cache_static: Path | None = None, cache_dynamic: Path | None = None) -> NgramParams:
+    """NgramParams from the --spec-ngram-* and --lookup-cache-* flags, checked; unset flags keep
+    the defaults."""
+    check_cache_files(cache_static, cache_dynamic)
     given = {"simple_size_n": size_n, "simple_size_m": size_m, "mod_n_match": mod_match,
              "mod_n_min": mod_min, "mod_n_max": mod_max, "map_k_size_n": map_k_size_n,
              "map_k_size_m": map_k_size_m, "map_k_min_hits": map_k_min_hits, "map_k4v_size_n": map_k4v_size_n,
@@ -200,7 +226,8 @@ def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, 
         at_least(f"--spec-ngram-{name.replace('_', '-')}", 1)(value)
     for name in ("simple_size_m", "mod_n_max", "map_k_size_m", "map_k4v_size_m"):  # draft lengths: one verify batch
         check_draft_length(given[name], f"--spec-ngram-{name.replace('_', '-')}")
-    params = replace(NgramParams(), **{k: v for k, v in given.items() if v is not None})
+    params = replace(NgramParams(), **{k: v for k, v in given.items() if v is not None},
+                     cache_static=cache_static, cache_dynamic=cache_dynamic)
     if params.mod_n_min > params.mod_n_max:
         raise UsageError("--spec-ngram-mod-n-min must not exceed --spec-ngram-mod-n-max")
     return params
@@ -213,5 +240,7 @@ ngram_flags = _flag_group(
               "ngram_mod_max": (NgramModMaxOpt, None), "map_k_size_n": (NgramMapKSizeNOpt, None),
               "map_k_size_m": (NgramMapKSizeMOpt, None), "map_k_min_hits": (NgramMapKMinHitsOpt, None),
               "map_k4v_size_n": (NgramMapK4vSizeNOpt, None), "map_k4v_size_m": (NgramMapK4vSizeMOpt, None),
-              "map_k4v_min_hits": (NgramMapK4vMinHitsOpt, None)},
+              "map_k4v_min_hits": (NgramMapK4vMinHitsOpt, None),
+              "lookup_cache_static": (LookupCacheStaticOpt, None),
+              "lookup_cache_dynamic": (LookupCacheDynamicOpt, None)},
     lambda **flags: ngram_params(*flags.values()))  # (the values come in the order declared above)

@@ -16,6 +16,11 @@ def render_stats(info: dict[str, Any], console) -> None:
         + (f"  [bold]draft[/bold] {info['draft_model']}" if info["draft_model"] else "")
         + f"  [dim]stop: {info['stop_reason']}[/dim]"
     )
+    if info.get("tuned"):
+        from llamaspec.cli._output import escape
+        from llamaspec.tune.apply import tuned_summary
+
+        console.print(f"[dim]{escape(tuned_summary(info['tuned']))}[/dim]")
     console.print(
         f"prompt {n_prompt} tokens in {ps:.2f} s"
         + (f" ({n_prompt / ps:.0f} tok/s)" if ps > 0 else "")

@@ -1,13 +1,15 @@
 """`llamaspec bench`: plain vs speculative decoding side by side, as measured ratios.
 
-The measuring lives in llamaspec/bench.py (shared with scripts/bench_engine.py); this module reads
-flags, resolves models, prints. Nothing here imports llama_cpp at module level.
+One run measures every target x (draft x mode) x prompt against plain decoding of the same target
+(spec/bench_suite.py; the measuring itself is spec/bench.py, shared with scripts/bench_engine.py).
+This module reads flags, resolves models, checks pairs and hands the result to _bench_render.py
+(tables, chart, JSON) and _bench_html.py (--html). Nothing here imports llama_cpp at module level.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -20,7 +22,8 @@ from llamaspec.cli.app import app
 from llamaspec.errors import UsageError
 
 if TYPE_CHECKING:
-    from llamaspec.spec.bench import BenchResult, ModeSummary
+    from llamaspec.spec.bench_prompts import SuitePrompt
+    from llamaspec.spec.bench_suite import Target
     from llamaspec.spec.options import NgramParams
 
 _DEFAULT_PRESET = "code"   # of llamaspec.spec.bench.PROMPT_PRESETS; "code-raw" without a chat template
@@ -30,14 +33,18 @@ _SPEC_HELP = ("A speculative mode to measure; repeat for several (each is run ag
               "ngram-mod, mtp (or llama.cpp's draft-simple, draft-mtp). Default: ngram-simple and "
               "ngram-mod, plus draft when --draft is given.")
 
-
 @app.command()
 @output_flags
 @ngram_flags
 def bench(
-    model: Annotated[str, typer.Argument(help="Target GGUF: a path or Hub reference (org/repo:QUANT).")],
-    draft: Annotated[Optional[str], typer.Option(
-        "--draft", "-md", "--model-draft", help="Draft model for the draft mode: a GGUF path or Hub ref.")] = None,
+    models: Annotated[list[str], typer.Argument(
+        metavar="MODEL",
+        help="Target GGUF(s): paths or Hub references (org/repo:QUANT). Several targets are each "
+             "measured against their own plain decoding, in one run.")],
+    draft: Annotated[Optional[list[str]], typer.Option(
+        "--draft", "-md", "--model-draft",
+        help="Draft model for the draft modes: a GGUF path or Hub ref. Repeat for several: every "
+             "draft mode runs once per draft (a draft incompatible with a target is skipped for it).")] = None,
     spec_type: Annotated[Optional[list[str]], typer.Option("--spec-type", help=_SPEC_HELP)] = None,
     prompt: PromptOpt = None,
     file: FileOpt = None,
@@ -45,6 +52,10 @@ def bench(
         "--prompt-preset",
         help="A bundled prompt: code (rewrite a Python module; the default), code-raw (the same "
              "without a chat template), story.")] = None,
+    prompts: Annotated[Optional[Path], typer.Option(
+        "--prompts", metavar="FILE",
+        help='A suite: JSONL, one {"id": ..., "prompt": ...} per line. Per-prompt and overall tables '
+             "(geometric means over prompts).")] = None,
     n_predict: Annotated[int, typer.Option(
         "-n", "--n-predict", help="Tokens to generate per run.", callback=at_least("-n", 1))] = 256,
     reps: Annotated[int, typer.Option(
@@ -56,6 +67,10 @@ def bench(
     draft_p_min: DraftPMinOpt = 0.0,
     fixed_k: FixedDraftOpt = False,
     chat: ChatOpt = None,
+    html: Annotated[Optional[Path], typer.Option(
+        "--html", metavar="FILE",
+        help="Also write a self-contained interactive report (throughput, speedup, theory, acceptance "
+             "per position); needs pip install 'llamaspec[html]'.")] = None,
     native: Annotated[Optional[Path], typer.Option(
         "--native", metavar="BIN_DIR",
         help="Also run llama.cpp's llama-speculative-simple from BIN_DIR on the same prompt.")] = None,
@@ -69,10 +84,17 @@ def bench(
     ngram: NgramParams,
     out: Output,
 ) -> None:
-    """Measure plain vs speculative decoding (greedy) in one process: tok/s ratios, acceptance,
-    and a token-for-token check against plain decoding."""
+    """Measure plain vs speculative decoding (greedy) in one process: every target x draft x mode
+    (x prompt) against plain decoding of the same target; tok/s ratios, acceptance, the theoretical
+    speedup, a token-for-token check, and a bar chart."""
     at_least("-t/--threads", 1)(threads)  # (run reads -t 0 as all cores)
-    text, source = _prompt(prompt, file, preset)
+    suite_prompts = _prompts(prompt, file, preset, prompts)
+    if html is not None:
+        from llamaspec.cli import _bench_html
+
+        _bench_html.require_plotly()
+        if not html.parent.is_dir():
+            raise UsageError(f"--html: no directory {html.parent}", "give a path in an existing directory")
     if native is not None:
         from llamaspec.spec.bench import native_exe
 
@@ -82,102 +104,99 @@ def bench(
                              "--target llama-speculative-simple; pass build/bin")
 
     from llamaspec import hub
-    from llamaspec.spec.bench import BenchSettings, format_prompt, preset_text, run_bench
-    from llamaspec.runtime.llama import Model, default_threads, set_llama_log
-    from llamaspec.spec.options import loads_mtp_layers, needs_draft_model
+    from llamaspec.runtime.llama import default_threads, set_llama_log
+    from llamaspec.spec.bench import BenchSettings
+    from llamaspec.spec.bench_suite import run_suite
+    from llamaspec.spec.options import needs_draft_model
 
-    modes = _modes(spec_type, draft)       # flags first: no download before a usage error
+    drafts_given = list(dict.fromkeys(draft or []))
+    modes = _modes(spec_type, drafts_given)       # flags first: no download before a usage error
     set_llama_log(out.verbose)
-    target_path = hub.resolve_model(model, offline=offline)
-    draft_path = None
-    if draft is not None:
-        from llamaspec.pairing.autodraft import check_explicit_draft
+    drafts = [(ref, hub.resolve_model(ref, offline=offline)) for ref in drafts_given]
+    if drafts and not any(needs_draft_model(m) for m in modes):
+        out.warn("--draft is given but no mode uses it; add --spec-type draft")
+    targets = _targets(list(dict.fromkeys(models)), drafts, modes, force_draft, offline, out)
 
-        draft_path = hub.resolve_model(draft, offline=offline)
-        check_explicit_draft(str(target_path), str(draft_path), force_draft, offline=offline)
-        if not any(needs_draft_model(m) for m in modes):
-            out.warn("--draft is given but no mode uses it; add --spec-type draft")
-
-    out.detail(f"loading {target_path}")
     from llamaspec.runtime.info import buffer_decision
 
     out.detail(buffer_decision(amx).reason)
-    # The draft model (draft mode) follows the target's AMX choice (drafters/factory.py).
-    target = Model(target_path, load_mtp=any(loads_mtp_layers(m) for m in modes), amx=amx)
-    try:
-        if text is None:  # the default preset: its completion form when no chat template is used
-            use_chat = chat if chat is not None else target.chat_template is not None
-            source = _DEFAULT_PRESET if use_chat else "code-raw"
-            text = preset_text(source)
-            source = f"preset {source}"
-        if not text.strip():
-            raise UsageError("the prompt is empty", "give text with -p, -f or --prompt-preset")
-        formatted, tokens, used_chat = format_prompt(target, text, chat)
-        n_ctx = ctx_size or target.n_ctx_train
-        if len(tokens) + n_predict > n_ctx:
-            raise UsageError(f"prompt ({len(tokens)} tokens) + -n {n_predict} exceeds the context ({n_ctx})",
-                             "raise -c/--ctx-size or lower -n")
-        settings = BenchSettings(n=n_predict, threads=threads or default_threads(), ctx=ctx_size,
-                                 draft_path=draft_path, draft_max=draft_max, draft_p_min=draft_p_min,
-                                 adaptive=not fixed_k, native_draft_max=native_draft_max,
-                                 ngram=ngram)
-        out.info(f"{escape(source)}: {len(tokens)} tokens{' (chat template)' if used_chat else ''}; "
-                 f"modes: plain, {', '.join(modes)}; {reps} rep(s) of {n_predict} tokens, "
+    settings = BenchSettings(n=n_predict, threads=threads or default_threads(), ctx=ctx_size,
+                             draft_max=draft_max, draft_p_min=draft_p_min, adaptive=not fixed_k,
+                             native_draft_max=native_draft_max, ngram=ngram)
+    several = len(targets) > 1 or len(suite_prompts) > 1
+
+    loaded: set[Path] = set()
+
+    def on_prompt(t: "Target", source: str, n_tokens: int, used_chat: bool) -> None:
+        if t.path not in loaded:
+            loaded.add(t.path)
+            out.detail(escape(f"loaded {t.path}"))
+        out.info(f"{escape((t.label + ': ') if len(targets) > 1 else '')}{escape(source)}: {n_tokens} tokens"
+                 f"{' (chat template)' if used_chat else ''}; modes: plain, "
+                 f"{escape(', '.join(c.label for c in t.configs))}; {reps} rep(s) of {n_predict} tokens, "
                  f"{settings.threads} thread(s), greedy")
 
-        def progress(rep: int, r) -> None:
-            line = f"rep {rep}/{reps} {r.mode}: {r.tps:.1f} tok/s"
-            if r.mode != "plain" and r.ratio is not None:
-                line += f" ({r.ratio:.2f}x)"
-            if r.identical is False:
-                line += f" [red]tokens differ from plain at token {r.first_difference}[/red]"
-            out.info(line)
+    def progress(t: "Target", pid: str, rep: int, r) -> None:
+        where = " / ".join(([t.label] if len(targets) > 1 else []) + ([pid] if len(suite_prompts) > 1 else []))
+        line = (escape(f"[{where}] ") if several else "") + f"rep {rep}/{reps} {escape(r.mode)}: {r.tps:.1f} tok/s"
+        if r.mode != "plain" and r.ratio is not None:
+            line += f" ({r.ratio:.2f}x)"
+        if r.identical is False:
+            line += f" [red]tokens differ from plain at token {r.first_difference}[/red]"
+        out.info(line)
 
-        result = run_bench(target, tokens, modes, settings, reps, native=native,
-                           formatted_prompt=formatted, on_run=progress)
-    finally:
-        target.close()
+    suite = run_suite(targets, suite_prompts, settings, reps, chat=chat, amx=amx, native=native,
+                      on_run=progress, on_prompt=on_prompt)
 
-    for note in result.notes:
-        out.warn(note)
-    for s in result.differing:
-        out.warn(_differ_note(s))
-    info = _to_dict(result, model=model, target_path=target_path, draft=draft, draft_path=draft_path,
-                    source=source, chat=used_chat)
-    best = result.best
-    out.data(info, human=lambda console: _render(console, result, info),
-             quiet=f"{best.mode} {best.ratio_vs_plain:.2f}x")
+    from llamaspec.cli import _bench_render as render
+
+    for note in suite.notes:
+        out.warn(escape(note))
+    for run in suite.runs:
+        for s in run.result.differing:
+            out.warn(escape((f"[{run.target.label} / {run.prompt_id}] " if several else "") + render.differ_note(s)))
+    info = render.to_dict(suite, drafts=drafts)
+    if html is not None:
+        from llamaspec.cli import _bench_html
+
+        _bench_html.write(info, html)
+        out.info(f"wrote {escape(html)}")
+    out.data(info, human=lambda console: render.render(console, suite), quiet=render.quiet_line(suite))
 
 
 # ---- flags ----------------------------------------------------------------------------------------
 
 
-def _prompt(prompt: str | None, file: Path | None, preset: str | None) -> tuple[str | None, str]:
-    """(text, where it came from); text None means the default preset (chosen once the model is loaded)."""
-    given = [name for name, v in (("-p", prompt), ("-f", file), ("--prompt-preset", preset)) if v is not None]
+def _prompts(prompt: str | None, file: Path | None, preset: str | None, prompts: Path | None) -> list["SuitePrompt"]:
+    """The prompts to measure; a text of None is the default preset (chosen per target once loaded)."""
+    from llamaspec.spec.bench_prompts import PROMPT_PRESETS, SuitePrompt, preset_text, read_prompts
+
+    given = [name for name, v in (("-p", prompt), ("-f", file), ("--prompt-preset", preset), ("--prompts", prompts))
+             if v is not None]
     if len(given) > 1:
         raise UsageError(f"give one prompt source, not {' and '.join(given)}")
+    if prompts is not None:
+        return read_prompts(prompts)
     if prompt is not None:
-        return prompt, "prompt"
+        return [SuitePrompt("prompt", prompt)]
     if file is not None:
-        return read_prompt_file(file), f"file {file}"
+        return [SuitePrompt(f"file {file}", read_prompt_file(file))]
     if preset is not None:
-        from llamaspec.spec.bench import PROMPT_PRESETS, preset_text
-
         if preset not in PROMPT_PRESETS:
             raise UsageError(f"unknown --prompt-preset {preset!r}", f"one of: {', '.join(PROMPT_PRESETS)}")
-        return preset_text(preset), f"preset {preset}"
-    return None, f"preset {_DEFAULT_PRESET}"
+        return [SuitePrompt(f"preset {preset}", preset_text(preset))]
+    return [SuitePrompt(f"preset {_DEFAULT_PRESET}", None)]
 
 
-def _modes(spec_type: list[str] | None, draft: str | None) -> list[str]:
+def _modes(spec_type: list[str] | None, drafts: list[str]) -> list[str]:
     """--spec-type values -> canonical mode labels (each a priority-ordered comma list), deduplicated."""
     from llamaspec.spec.options import default_bench_modes, needs_draft_model, parse_spec_types
 
-    if draft is not None and draft.lower() in ("auto", "none"):
-        raise UsageError(f"bench takes a draft path or Hub ref, not --draft {draft}",
-                         "`llamaspec run --draft auto -v` shows which draft auto picks")
-    given = spec_type or default_bench_modes(with_draft_model=draft is not None)
+    for d in drafts:
+        if d.lower() in ("auto", "none"):
+            raise UsageError(f"bench takes a draft path or Hub ref, not --draft {d}",
+                             "`llamaspec run --draft auto -v` shows which draft auto picks")
+    given = spec_type or default_bench_modes(with_draft_model=bool(drafts))
     modes: list[str] = []
     for value in given:
         label = ",".join(parse_spec_types(value))
@@ -187,126 +206,41 @@ def _modes(spec_type: list[str] | None, draft: str | None) -> list[str]:
             modes.append(label)
     if not modes:
         raise UsageError("no speculative mode to measure", "e.g. --spec-type ngram-simple --spec-type ngram-mod")
-    if draft is None and any(needs_draft_model(m) for m in modes):
+    if not drafts and any(needs_draft_model(m) for m in modes):
         raise UsageError("--spec-type draft needs a draft model", "add --draft PATH")
     return modes
 
 
-# ---- output ---------------------------------------------------------------------------------------
+def _targets(models: list[str], drafts: list[tuple[str, Path]], modes: list[str], force_draft: bool,
+             offline: bool, out: Output) -> list["Target"]:
+    """Each target with its configurations: its modes, draft modes once per compatible draft. With
+    one target and one draft an incompatible pair is an error (as `run`); in a sweep it is skipped
+    with a warning, and so is a target left with nothing to measure."""
+    from llamaspec import hub
+    from llamaspec.errors import IncompatiblePairError
+    from llamaspec.pairing.autodraft import check_explicit_draft
+    from llamaspec.spec.bench_suite import Target, make_configs
 
-
-def _differ_note(s: "ModeSummary") -> str:
-    return (f"{s.mode}: greedy tokens differ from plain decoding in {s.differing_reps} of {s.reps} rep(s) "
-            f"(first at token {s.first_difference}); see the README on near-tie flips")
-
-
-def _mode_notes(result: "BenchResult") -> list[str]:
-    """What a reader must know to read the ratios right: differences, and modes that never drafted."""
-    notes = []
-    for m in result.summaries:
-        if m.mode == "plain" or m.native:
+    sweep = len(models) > 1 or len(drafts) > 1
+    targets = []
+    for ref in models:
+        path = hub.resolve_model(ref, offline=offline)
+        usable = []
+        for dref, dpath in drafts:
+            try:
+                check_explicit_draft(str(path), str(dpath), force_draft, offline=offline)
+            except IncompatiblePairError as e:
+                if not sweep:
+                    raise
+                out.warn(escape(f"skipping this pair: {e.message}"))
+                continue
+            usable.append(dpath)
+        configs = make_configs(modes, usable)
+        if not configs:
+            out.warn(escape(f"skipping {ref}: no mode to measure (no compatible draft)"))
             continue
-        if m.identical_to_plain is False:
-            notes.append(_differ_note(m))
-        if m.drafted == 0:
-            notes.append(f"{m.mode}: no drafts (nothing to draft from in this text); it did plain "
-                         "decoding's work, so its ratio is timing noise around 1x, not a speedup")
-        elif m.accepted == 0:
-            notes.append(f"{m.mode}: no draft token was accepted; its ratio is the cost of drafting")
-    return notes
-
-
-
-def _to_dict(result: "BenchResult", *, model: str, target_path: Path, draft: str | None,
-             draft_path: Path | None, source: str, chat: bool) -> dict[str, Any]:
-    s, best = result.settings, result.best
-    checked = [m for m in result.summaries if m.identical_to_plain is not None]
-    return {
-        "model": model,
-        "model_path": str(target_path),
-        "draft": draft,
-        "draft_path": str(draft_path) if draft_path else None,
-        "prompt": source,
-        "chat": chat,
-        "prompt_tokens": result.prompt_tokens,
-        "n": s.n,
-        "threads": s.threads,
-        "ctx": s.ctx,
-        "reps": result.reps,
-        "greedy": True,
-        "adaptive": s.adaptive,
-        "draft_max": s.draft_max,
-        "results": [m.to_dict() for m in result.summaries],
-        "best": {"mode": best.mode, "ratio_vs_plain": best.ratio_vs_plain},
-        "all_identical": all(m.identical_to_plain for m in checked),
-        "notes": _mode_notes(result) + result.notes,
-    }
-
-
-def _x(v: float | None) -> str:
-    return f"{v:.2f}x" if v is not None else "-"
-
-
-def _render(console, result: "BenchResult", info: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    s = result.settings
-    medians = "medians of" if result.reps > 1 else "a single measurement, no median:"
-    table = Table(
-        title=f"{escape(Path(info['model_path']).name)}, {escape(info['prompt'])} ({result.prompt_tokens} tokens"
-              f"{', chat template' if info['chat'] else ''}), n={s.n}, {s.threads} thread(s), greedy",
-        caption=f"{medians} {result.reps} rep(s). tok/s and ratio: generation only, over plain decoding "
-                "in the same rep; e2e: wall time with prompt processing (target and draft)."
-                + (" native ratios are over llamaspec's plain decoding; their tokens are not checked."
-                   if any(m.native for m in result.summaries) else ""),
-        caption_justify="left",
-        box=None,
-        pad_edge=False,
-        header_style="bold",
-    )
-    # (header, justify, min width when folded); numbers never fold, and no column may vanish
-    for col, justify, min_width in (("mode", "left", 12), ("tok/s", "right", None), ("ratio", "right", None),
-                                    ("e2e", "right", None), ("accept", "right", None), ("MAL", "right", None),
-                                    ("identical", "left", 9), ("ovh ms", "right", None),
-                                    ("per-rep ratios", "left", 7)):
-        table.add_column(col, justify=justify, no_wrap=min_width is None, overflow="fold", min_width=min_width)
-    best = result.best.mode
-    for m in result.summaries:
-        plain = m.mode == "plain"
-        if plain or m.native:
-            ident = "-" if m.native else "ref"
-        elif m.identical_to_plain:
-            ident = "[green]yes[/green]"
-        else:
-            ident = f"[bold red]NO[/bold red] ({m.differing_reps}/{m.reps} reps, from token {m.first_difference})"
-        ratio = _x(m.ratio_vs_plain)
-        if not plain and m.ratio_vs_plain is not None:
-            ratio = f"[green]{ratio}[/green]" if m.ratio_vs_plain > 1 else f"[red]{ratio}[/red]"
-        has_drafts = not plain and not m.native and m.drafted > 0
-        table.add_row(
-            f"[bold]{m.mode}[/bold]" if m.mode == best and not plain else m.mode,
-            f"{m.tok_s:.1f}",
-            ratio,
-            _x(m.e2e_ratio_vs_plain),
-            f"{100 * m.acceptance:.1f}%" if not plain and (m.native or has_drafts) else "-",
-            f"{m.mean_accepted_length:.2f}" if has_drafts and m.mean_accepted_length is not None else "-",
-            ident,
-            f"{m.overhead_ms_per_step:.3f}" if m.overhead_ms_per_step is not None else "-",
-            "-" if plain else " ".join(_x(r) for r in m.ratios),
-        )
-    if not console.is_terminal:
-        # A pipe or file gets whole lines instead of a table folded to 80 columns (as `models`).
-        from rich.console import Console
-
-        console = Console(file=console.file, width=1000, highlight=False, color_system=None)
-    console.print(table)
-    for note in _mode_notes(result) + result.notes:
-        console.print(f"note: {escape(note)}")
-    if best == "plain":
-        console.print("best: plain decoding (no speculative mode measured faster with accepted drafts "
-                      "and identical tokens)")
-    else:
-        console.print(f"best: [bold]{best}[/bold] {_x(result.best.ratio_vs_plain)} vs plain"
-                      + (" (one repetition)" if result.reps == 1 else f" (median of {result.reps})")
-                      + ", tokens identical to plain decoding")
-
+        targets.append(Target(ref, path, configs))
+    if not targets:
+        raise IncompatiblePairError("no target has a compatible draft for the modes asked",
+                                    "`llamaspec pair TARGET` lists compatible drafts, or add an n-gram --spec-type")
+    return targets

@@ -14,11 +14,14 @@ from llamaspec.cli.app import app
 def describe(ref: str) -> dict:
     """The facts `inspect` prints, as plain data (also used by `models` and `pair`)."""
     from llamaspec.hub import read_model_header
+    from llamaspec.gguf.drafts import draft_info
     from llamaspec.gguf.vocab import vocab_from_header
 
     header = read_model_header(ref)
     vocab = vocab_from_header(header)
+    info = draft_info(header)
     return {
+        "draft": info.to_dict() if info else None,  # a draft made for a target (EAGLE-3, DFlash, ...)
         "model": ref,
         "source": header.source,
         "name": header.name,
@@ -77,9 +80,29 @@ def render(info: dict, console) -> None:
         ("chat template", "yes" if info["chat_template"] else "no"),
         ("MTP heads", f"yes ({info['nextn_predict_layers']} nextn layers)" if info["mtp"] else "no"),
     ]
+    if info["draft"]:
+        rows += _draft_rows(info["draft"])
     for k, val in rows:
         t.add_row(k, val)
     console.print(t)
+
+
+def _draft_rows(d: dict) -> list[tuple[str, str]]:
+    """What a draft made for a target needs from that target (checked by `check` and `pair`)."""
+    needs = [f"{d['target_architecture']} architecture"] if d["target_architecture"] else []
+    if d["target_hidden_size"]:
+        needs.append(f"hidden size {d['target_hidden_size']}")
+    if d["target_layers"]:
+        needs.append(f"layers {', '.join(map(str, d['target_layers']))} (reads their hidden states)")
+    needs.append("this file's vocabulary")
+    rows = [("draft kind", f"{d['label']}: --spec-type {d['kind']}"), ("made for a target with", "; ".join(needs))]
+    if d["block_size"]:
+        rows.append(("block size", f"{d['block_size']} tokens per draft pass"))
+    if d["draft_vocab"]:
+        rows.append(("draft vocabulary", f"{d['draft_vocab']:,} tokens (mapped to the target's by d2t)"))
+    if d["base_models"]:
+        rows.append(("base model", ", ".join(d["base_models"])))
+    return rows
 
 
 @app.command("inspect")
@@ -89,6 +112,7 @@ def inspect_cmd(
     *,
     out: Output,
 ) -> None:
-    """Show a GGUF's architecture, size, quantization, vocabulary and MTP support (header only)."""
+    """Show a GGUF's architecture, size, quantization, vocabulary, MTP support and, for an EAGLE-3 /
+    DFlash / DSpark / Gemma 4 assistant draft, the target it was made for (header only)."""
     info = describe(model)
     out.data(info, human=lambda c: render(info, c), quiet=info["vocab"]["fingerprint"])

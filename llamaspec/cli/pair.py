@@ -35,7 +35,8 @@ def _params(n: int | float | None) -> str:
 
 
 def _side_line(d: dict) -> str:
-    return (f"{escape(d['source'])}  [dim]{d['architecture']} · {_params(d['n_params'])} params · "
+    kind = f"[bold]{d['draft_info']['label']}[/bold] · " if d.get("draft_info") else ""
+    return (f"{escape(d['source'])}  [dim]{kind}{d['architecture']} · {_params(d['n_params'])} params · "
             f"{d['file_type'] or '?'} · {_size(d['file_size'])} · {d['vocab_type']} {d['n_vocab']:,} tokens · "
             f"fingerprint {d['fingerprint']}[/dim]")
 
@@ -65,7 +66,10 @@ def _render_verdict(v: dict, console) -> None:
         f"chat templates: {'equal' if f['chat_template_equal'] else 'differ'}",
     ]
     console.print("[dim]" + " · ".join(facts) + "[/dim]")
-    if v["compatible"]:
+    if v["compatible"] and v.get("draft_kind", "draft-simple") != "draft-simple":
+        console.print(f"[bold green]compatible[/bold green]: the draft fits this target "
+                      f"(--spec-type {v['draft_kind']})")
+    elif v["compatible"]:
         console.print("[bold green]compatible[/bold green]: llama.cpp would accept this pair")
     else:
         console.print(f"[bold red]incompatible[/bold red]: {escape(v['reason'])}")
@@ -129,6 +133,9 @@ def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: b
     except LlamaspecError as exc:
         reg_data["error"] = exc.message
 
+    made_for = None
+    if describe(header, vocab)["draft_info"]:   # MODEL is a draft made for a target: which targets fit it
+        made_for = _targets_for_draft(header, candidates)
     auto = autodraft.choose_for_header(header, candidates=candidates, offline=offline, allow_download=not offline,
                                        dry_run=True)
     sidecar = autodraft.find_mtp_sidecar(Path(header.source)) if Path(header.source).is_file() else None
@@ -138,12 +145,33 @@ def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: b
         "model": model,
         "target": describe(header, vocab),
         "mtp": {"nextn_predict_layers": header.nextn_predict_layers, "sidecar": str(sidecar) if sidecar else None},
+        "made_for": made_for,
         "registry": reg_data,
         "on_disk": [c.to_dict() for c in sorted(shown, key=lambda c: (not c.compatible, c.size))],
         "scanned": {"roots": [{"path": str(r.path), "kind": r.kind} for r in roots], "files": len(candidates),
                     "compared": len(compared), "compatible": sum(c.compatible for c in candidates)},
         "auto": auto.to_dict(),
     }
+
+
+def _targets_for_draft(draft, candidates) -> list[dict]:
+    """For a draft file given as MODEL: the on-disk models it can draft for (same vocabulary, and
+    the target shape the draft was made for), best first."""
+    from llamaspec.errors import LlamaspecError
+    from llamaspec.gguf.header import read_file
+    from llamaspec.pairing.compat import check_headers
+
+    out = []
+    for c in candidates:
+        if not c.compatible or c.draft_kind != "draft-simple":   # same vocabulary, and a model (not a draft)
+            continue
+        try:
+            v = check_headers(read_file(c.path), draft)
+        except LlamaspecError as exc:
+            out.append({"path": str(c.path), "label": c.label, "fits": False, "reason": exc.message})
+            continue
+        out.append({"path": str(c.path), "label": c.label, "fits": v.compatible, "reason": v.reason})
+    return sorted(out, key=lambda t: not t["fits"])
 
 
 def _render_pair(r: dict, console) -> None:
@@ -162,7 +190,17 @@ def _render_pair(r: dict, console) -> None:
         console.print(f"[green]MTP heads in the file[/green] ({r['mtp']['nextn_predict_layers']} NextN layers): "
                       "no draft model needed")
     elif r["mtp"]["sidecar"]:
-        console.print(f"MTP sidecar beside the file: {escape(r['mtp']['sidecar'])} [dim](not used yet)[/dim]")
+        used = r["auto"]["path"] == r["mtp"]["sidecar"]
+        console.print(f"MTP sidecar beside the file: {escape(r['mtp']['sidecar'])} "
+                      f"[dim]({'used by --draft auto' if used else 'not used: see -v'})[/dim]")
+    if r.get("made_for") is not None:
+        info = r["target"]["draft_info"]
+        console.print(f"[bold]{info['label']}[/bold]: drafts with --spec-type {info['kind']} for a target it was made for")
+        for t in r["made_for"]:
+            mark = "[green]fits[/green]" if t["fits"] else f"[red]no[/red]: {escape(t['reason'])}"
+            console.print(f"  {escape(t['label'])}: {mark}")
+        if not r["made_for"]:
+            console.print("  [dim]no model with this vocabulary on disk[/dim]")
     if reg["pairs"]:
         # One line per pair (not a table): Hub refs stay whole and greppable in narrow terminals.
         console.print("[bold]registry pairs[/bold] [dim](draft for main: status)[/dim]")
@@ -187,7 +225,9 @@ def _render_pair(r: dict, console) -> None:
         for col in ("file", "where", "size", "verdict"):
             t.add_column(col, overflow="fold")
         for c in r["on_disk"]:
-            verdict = "[green]compatible[/green]" if c["compatible"] else f"[red]no[/red]: {escape(c['reason'])}"
+            kind = "" if c["draft_kind"] == "draft-simple" else f" ({c['draft_kind']})"
+            verdict = (f"[green]compatible[/green]{kind}" if c["compatible"]
+                       else f"[red]no[/red]{kind}: {escape(c['reason'] or '')}")
             t.add_row(escape(c["label"]), c["location"], _size(c["size"]), verdict)
         console.print(t)
     else:

@@ -8,8 +8,9 @@ cached in-process by (path, size, mtime, inode), so a file that changes is read 
 full parse decodes every token text (~0.25 s for a 262k vocabulary), so instead the raw token
 bytes from id 5 on are compared with the target's (`target_tokens`) in one memcmp; when equal,
 the target's decoded texts are reused (texts decoded only for ids 0-4 and any extra ids) and
-only scalars and tensor infos are parsed. Any difference or oddity returns None, and the caller
-falls back to header.read_file: the result is always what read_file would give.
+only scalars, short number arrays and tensor infos are parsed (long arrays other than the tokens,
+such as scores and merges, are left out). Any difference or oddity returns None, and the caller
+falls back to header.read_file.
 
 The value types and sizes are header.py's (one table); the walking here works on the mapped bytes
 directly instead of pulling them through header.py's incremental reader, which is what keeps a
@@ -18,16 +19,18 @@ scan of a whole model store fast.
 
 from __future__ import annotations
 
+import array
 import mmap
 import os
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from llamaspec.gguf.header import (
-    GGUF_MAGIC, GGUF_VERSIONS, MAX_DIMS, SCALAR_TYPES, T_ARRAY, T_STRING, U32, U64, GGUFHeader, TensorInfo,
-    last_tensor_start,
+    _ARRAY_CODES, GGUF_MAGIC, GGUF_VERSIONS, MAX_DIMS, SCALAR_TYPES, T_ARRAY, T_STRING, U32, U64, GGUFHeader,
+    TensorInfo, last_tensor_start,
 )
 from llamaspec.gguf.vocab import VOCAB_TYPES
 
@@ -35,6 +38,7 @@ _u32, _u64 = U32.unpack_from, U64.unpack_from
 _SIZES = {t: s.size for t, s in SCALAR_TYPES.items()}
 _FAST_SKIP_MODELS = ("hybriddna", "no_vocab", "none")  # token texts are rewritten or absent
 _ERRORS = (OSError, ValueError, struct.error, IndexError)  # any of these: not a readable GGUF here
+_SMALL_ARRAY = 4096  # number arrays up to this length are read by light_header
 
 
 @dataclass(frozen=True)
@@ -241,8 +245,19 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
                 text, pos = _str(mm, pos)
                 tail.append(text)
             meta[key] = head + target.texts[len(head):m] + tail
+        elif vtype == T_ARRAY and _u32(mm, pos)[0] in _ARRAY_CODES and _u64(mm, pos + 4)[0] <= _SMALL_ARRAY:
+            # Short number arrays (a draft's target_layers, a SWA pattern) as read_file gives them;
+            # long ones (token types, scores, merges) are skipped.
+            arr = array.array(_ARRAY_CODES[_u32(mm, pos)[0]])
+            count = _u64(mm, pos + 4)[0]
+            pos += 12
+            arr.frombytes(mm[pos:pos + count * arr.itemsize])
+            if sys.byteorder != "little":
+                arr.byteswap()
+            meta[key] = arr
+            pos += count * arr.itemsize
         else:
-            pos = _skip_value(mm, vtype, pos, end)  # arrays other than the tokens are not needed
+            pos = _skip_value(mm, vtype, pos, end)  # long arrays other than the tokens are not needed
         if pos > end:
             return None
     if meta.get("tokenizer.ggml.model") in _FAST_SKIP_MODELS:

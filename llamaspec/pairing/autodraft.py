@@ -1,13 +1,19 @@
 """`--draft auto`: pick how to draft for a target, and say why.
 
 Order (first that applies wins; each choice is named by llama.cpp's spec type):
-  1. draft-mtp     the target's own MTP/NextN heads (nextn_predict_layers > 0), or an mtp-*.gguf
-                   sidecar beside the target file (how Gemma 4 / Qwen3.6 repos ship them);
+  1. draft-mtp     the target's own MTP/NextN heads (nextn_predict_layers > 0), or a Gemma 4
+                   assistant GGUF beside the target file that fits it (how Gemma 4 repos ship
+                   their MTP heads: an mtp-*.gguf of architecture gemma4-assistant); other
+                   mtp-*.gguf sidecars only with mtp_sidecars=True;
+  1b. draft-dspark / draft-dflash / draft-eagle3  a draft made for this target (its header names
+                   the target layers it reads; compat.draft_fit_rules), beside the target or on
+                   disk, in llama.cpp's preference order (DSpark, DFlash, EAGLE-3);
   2. draft-simple  a compatible GGUF already on disk, clearly smaller than the target: same
                    architecture family first, very-low-bit quants last, then the smallest file;
   3. draft-simple  the registry's recommended draft for the target's family, checked on its Hub
-                   header and downloaded through hub.resolve_model (never when offline);
-  4. ngram-mod     drafts from the text itself: needs no model, always available.
+                   header and downloaded through hub.resolve_model (never when offline); an entry
+                   with a `kind` (a registry EAGLE-3 draft) is chosen as that kind;
+  4. prompt-lookup drafts from the text itself: needs no model, always available.
 Also `check_refs` (the compat verdict for two model references, headers only) and
 `check_explicit_draft` for a user-given draft: refuses an incompatible pair unless forced.
 """
@@ -21,6 +27,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from llamaspec.errors import HubError, IncompatiblePairError, LlamaspecError
+from llamaspec.gguf.drafts import kind_of_arch
 from llamaspec.gguf.header import GGUFHeader, read_file
 from llamaspec.gguf.peek import light_header, peek, target_tokens
 from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
@@ -36,7 +43,8 @@ _LOW_BIT = ("IQ1", "IQ2", "Q2_", "TQ1", "TQ2", "Q1_")
 
 @dataclass(frozen=True)
 class DraftChoice:
-    kind: str                        # llama.cpp's spec type: "draft-mtp" | "draft-simple" | "ngram-mod"
+    kind: str                        # llama.cpp's spec type: draft-mtp | draft-dspark | draft-dflash |
+                                     # draft-eagle3 | draft-simple | prompt-lookup
     path: Path | None                # the draft GGUF; for draft-mtp: a sidecar, or None = heads inside the target
     reason: str                      # one line: why this one
     verdict: Verdict | None = None   # for draft-simple: the compatibility verdict against the target
@@ -55,42 +63,103 @@ class DraftChoice:
 # ---- step 1: MTP -------------------------------------------------------------------------------
 
 
-def find_mtp_sidecar(target_path: Path) -> Path | None:
-    """An mtp-*.gguf (or *-mtp-*.gguf) beside the target whose header has MTP heads."""
+def _beside(target_path: Path) -> list[Path]:
     try:
-        entries = sorted(target_path.parent.iterdir())
+        return [p for p in sorted(target_path.parent.iterdir())
+                if p != target_path and p.name.lower().endswith(".gguf") and p.is_file()]
     except OSError:
-        return None
-    for p in entries:
-        low = p.name.lower()
-        if p == target_path or not low.endswith(".gguf"):
-            continue
-        if not (low.startswith("mtp-") or "-mtp-" in low or low[:-5].endswith("-mtp")):
-            continue
+        return []
+
+
+def mtp_sidecars(target_path: Path) -> list[Path]:
+    """MTP sidecars beside the target: Gemma 4 assistant GGUFs (any name) first, then mtp-*.gguf
+    (or *-mtp-*.gguf) files whose header has MTP heads."""
+    assistants, named = [], []
+    for p in _beside(target_path):
         pk = peek(p)
-        if pk is not None and (pk.nextn_predict_layers > 0 or (pk.architecture or "").endswith("-assistant")):
-            return p
-    return None
+        if pk is not None and pk.architecture == "gemma4-assistant":
+            assistants.append(p)
+        elif pk is not None and discovery.is_mtp_sidecar_name(p.name) and pk.nextn_predict_layers > 0:
+            named.append(p)
+    return assistants + named
+
+
+def find_mtp_sidecar(target_path: Path) -> Path | None:
+    """The first of mtp_sidecars(target_path), if any."""
+    found = mtp_sidecars(target_path)
+    return found[0] if found else None
+
+
+def spec_drafts_beside(header: GGUFHeader, vocab: VocabInfo | None = None) -> list[discovery.Candidate]:
+    """Drafts made for a target (EAGLE-3, DFlash, DSpark, assistant) beside the target file, checked."""
+    src = Path(header.source)
+    if not src.is_file():
+        return []
+    files = [p for p in _beside(src) if kind_of_arch(getattr(peek(p), "architecture", None))]
+    return discovery.scan(header, [discovery.Root(p, "beside") for p in files], target_vocab=vocab)
 
 
 def mtp_choice(header: GGUFHeader, *, sidecars: bool = False, notes: list[str] | None = None) -> DraftChoice | None:
-    """MTP heads in the target, else (with `sidecars`) an MTP sidecar file beside it.
+    """MTP heads in the target, else a Gemma 4 assistant beside it that fits the target, else (with
+    `sidecars`) another MTP sidecar file beside it.
 
-    Sidecars are off by default: the MTP drafter drives heads inside the target model only, so a
-    sidecar is reported in `notes` instead of being chosen.
+    An mtp-*.gguf that is not an assistant holds NextN layers of its own model: without `sidecars`
+    it is only reported in `notes` (untested as a separate draft: its layers expect their own
+    model's embeddings and KV).
     """
     n = header.nextn_predict_layers
     if n > 0:
         return DraftChoice("draft-mtp", None, f"the target carries its own MTP heads ({n} NextN layer{'s' if n > 1 else ''}): "
                                         "no separate draft model needed", source="target", label="built-in MTP heads")
     src = Path(header.source)
-    side = find_mtp_sidecar(src) if src.is_file() else None
-    if side is not None and sidecars:
+    found = mtp_sidecars(src) if src.is_file() else []
+    side = None
+    for side in found:
+        if getattr(peek(side), "architecture", None) != "gemma4-assistant":
+            break
+        try:
+            v = compat.check_headers(header, read_file(side))
+        except LlamaspecError as exc:
+            v, why = None, exc.message
+        else:
+            why = v.reason
+        if v is not None and v.compatible:
+            return DraftChoice("draft-mtp", side, f"Gemma 4 assistant {side.name} beside the target (MTP heads "
+                               "sharing the target's KV cache)", v, source="sidecar", label=side.name)
+        if notes is not None:
+            notes.append(f"assistant {side.name} beside the target does not fit it: {why}")
+        side = None
+    if side is None:
+        return None
+    if sidecars:
         return DraftChoice("draft-mtp", side, f"MTP sidecar {side.name} beside the target", source="sidecar",
                            label=side.name)
-    if side is not None and notes is not None:
-        notes.append(f"MTP sidecar {side.name} beside the target is not used (sidecar MTP heads are not supported yet)")
+    if notes is not None:
+        notes.append(f"MTP sidecar {side.name} beside the target is not used (separate MTP heads are supported "
+                     "for Gemma 4 assistants only)")
     return None
+
+
+# ---- step 1b: drafts made for this target ------------------------------------------------------
+
+# llama.cpp's preference when a repo ships several (common/arg.cpp: dspark > dflash > eagle3)
+_SPEC_ORDER = ("draft-mtp", "draft-dspark", "draft-dflash", "draft-eagle3")
+
+
+def pick_spec_draft(candidates: Sequence[discovery.Candidate], notes: list[str]
+                    ) -> tuple[discovery.Candidate | None, str]:
+    """The best draft made for this target among `candidates` (EAGLE-3, DFlash, DSpark, assistant)."""
+    spec = [c for c in candidates if c.draft_kind in _SPEC_ORDER]
+    for c in spec:
+        if not c.compatible:
+            notes.append(f"{c.draft_kind} draft {c.label} does not fit: {c.verdict.reason if c.verdict else c.skipped}")
+    fits = sorted((c for c in spec if c.compatible), key=lambda c: (_SPEC_ORDER.index(c.draft_kind), c.size))
+    if not fits:
+        return None, "no draft made for this target on disk"
+    best = fits[0]
+    info = (best.verdict.draft.get("draft_info") or {}) if best.verdict else {}
+    layers = f", reads target layers {info['target_layers']}" if info.get("target_layers") else ""
+    return best, f"{info.get('label', best.draft_kind)} made for this target: {best.label}{layers}"
 
 
 # ---- step 2: on disk ---------------------------------------------------------------------------
@@ -109,7 +178,7 @@ def pick_disk_draft(header: GGUFHeader, candidates: Sequence[discovery.Candidate
     """The best compatible file on disk for `header`, and one line on the pick (or on why none)."""
     target_size = header.file_size or 0
     fam = compat.arch_family(header.architecture)
-    compatible = [c for c in candidates if c.compatible]
+    compatible = [c for c in candidates if c.compatible and c.draft_kind == "draft-simple"]
     if not compatible:
         return None, "no compatible GGUF on disk"
     usable, too_big = [], []
@@ -185,7 +254,7 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
                 notes.append(f"registry draft {d.label}: {exc.message}")
                 continue
             if v.compatible:
-                return DraftChoice("draft-simple", p, f"registry draft {d.id} from an installed package ({s.reason})",
+                return DraftChoice(d.kind, p, f"registry draft {d.id} from an installed package ({s.reason})",
                                    v, source="registry", label=d.label)
             notes.append(f"registry draft {d.label}: {v.reason}")
             continue
@@ -198,7 +267,7 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
             skipped_hub = True
             continue
         if dry_run:
-            return DraftChoice("draft-simple", None, f"would download the registry's draft {d.ref} ({s.reason}; "
+            return DraftChoice(d.kind, None, f"would download the registry's draft {d.ref} ({s.reason}; "
                                f"status {s.pair.status if s.pair else 'unverified'})", source="registry",
                                label=d.ref, would_download=True)
         if hub_down:
@@ -224,7 +293,7 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
         if not path.is_file():
             notes.append(f"registry draft {d.ref}: download not available")
             continue
-        return DraftChoice("draft-simple", path, f"registry's draft {d.ref}, downloaded ({s.reason})", v,
+        return DraftChoice(d.kind, path, f"registry's draft {d.ref}, downloaded ({s.reason})", v,
                            source="registry", label=d.ref)
     return None
 
@@ -246,6 +315,12 @@ def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Cand
     if candidates is None:
         roots = (discovery.default_roots() if default_dirs else []) + discovery.search_roots(search_dirs)
         candidates = discovery.scan(header, roots, target_vocab=vocab)
+    seen = {os.path.realpath(c.path) for c in candidates}
+    beside = [c for c in spec_drafts_beside(header, vocab) if os.path.realpath(c.path) not in seen]
+    spec, why = pick_spec_draft(beside + list(candidates), notes)
+    if spec is not None:
+        return DraftChoice(spec.draft_kind, spec.path, why, spec.verdict, source="disk", label=spec.label,
+                           considered=tuple(notes))
     best, why = pick_disk_draft(header, candidates)
     if best is not None:
         return DraftChoice("draft-simple", best.path, why, best.verdict, source="disk", label=best.label,
@@ -256,9 +331,20 @@ def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Cand
     if choice is not None:
         return DraftChoice(choice.kind, choice.path, choice.reason, choice.verdict, choice.source, choice.label,
                            tuple(notes), choice.would_download)
-    return DraftChoice("ngram-mod", None, "no model draft available (" + "; ".join(notes[1:] or notes)
-                       + "): n-gram drafting from the text itself", source="fallback", label="ngram-mod",
-                       considered=tuple(notes))
+    return text_fallback(tuple(notes))
+
+
+#: what drafts when no model can: llamaspec's longest-match prompt lookup (spec/drafters/
+#: prompt_lookup.py), which recovers after two tokens where llama.cpp's fixed-n types need n
+TEXT_FALLBACK = "prompt-lookup"
+
+
+def text_fallback(notes: Sequence[str]) -> DraftChoice:
+    """The last step of the chain: drafting from the text itself, with what the earlier steps found."""
+    notes = list(notes)
+    return DraftChoice(TEXT_FALLBACK, None, "no model draft available (" + "; ".join(notes[1:] or notes)
+                       + f"): {TEXT_FALLBACK} drafting from the text itself", source="fallback",
+                       label=TEXT_FALLBACK, considered=tuple(notes))
 
 
 def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str]] = (), offline: bool = False,

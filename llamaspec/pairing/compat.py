@@ -9,6 +9,15 @@ The rules are those of `common_speculative_are_compatible` (llama.cpp common/spe
 llama.cpp stops at the first failed rule and only says "vocab type must match"; here every rule
 is evaluated and reported, with the first differing token and both texts. Softer facts (same
 architecture family, size ratio, chat template) are reported too but never decide the verdict.
+
+A draft made for one target (EAGLE-3, DFlash, DSpark, Gemma 4 assistant: gguf/drafts.py) must
+also fit that target's shape, checked after the vocabulary rules (draft_fit_rules):
+  target_arch    the assistant drafts for gemma4 only (it reads the target's embeddings and KV)
+  hidden_size    the target's hidden size is the one the draft was trained on
+  target_layers  the target has every layer the draft reads (llama.cpp aborts on a layer id
+                 past the target's n_layer); EAGLE-3 reads exactly 3
+  kv_layout      the assistant attends on the target's last full-attention layer and the
+                 sliding-window layer before it, with the same head sizes
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamaspec.gguf.drafts import DraftInfo, draft_info, fit_checks
 from llamaspec.gguf.header import GGUFHeader, read_file
 from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
 
@@ -30,6 +40,10 @@ RULE_TITLES = {
     "eos": "EOS token",
     "vocab_size": "vocabulary size",
     "token_text": "token texts",
+    "target_arch": "target architecture",
+    "hidden_size": "hidden size",
+    "target_layers": "target layers",
+    "kv_layout": "shared KV layers",
 }
 
 
@@ -69,6 +83,7 @@ class Verdict:
     facts: dict[str, Any] = field(default_factory=dict)       # softer facts, never decisive
     target: dict[str, Any] = field(default_factory=dict)      # short description of each side
     draft: dict[str, Any] = field(default_factory=dict)
+    draft_kind: str = "draft-simple"   # llama.cpp's spec type the draft file drafts as
 
     @property
     def compatible(self) -> bool:
@@ -90,6 +105,8 @@ class Verdict:
     def reason(self) -> str:
         """One line: why the pair is (in)compatible."""
         if self.compatible:
+            if self.draft_kind != "draft-simple":
+                return f"compatible: same vocabulary, and the {self.draft_kind} draft fits this target"
             return "compatible: same vocabulary by llama.cpp's rules"
         first = self.failed[0]
         more = len(self.failed) - 1
@@ -110,6 +127,7 @@ class Verdict:
             "facts": self.facts,
             "target": self.target,
             "draft": self.draft,
+            "draft_kind": self.draft_kind,
         }
 
 
@@ -183,6 +201,15 @@ def compare_vocabs(target: VocabInfo, draft: VocabInfo) -> tuple[tuple[RuleResul
     return tuple(rules), first
 
 
+# ---- drafts made for a target ------------------------------------------------------------------
+
+
+def draft_fit_rules(target: GGUFHeader, draft: GGUFHeader, info: DraftInfo) -> tuple[RuleResult, ...]:
+    """The shape rules for a draft made for a target (see the module docstring; gguf/drafts.py
+    holds the checks, shared with the drafters that load such files)."""
+    return tuple(RuleResult(*check) for check in fit_checks(target, draft, info))
+
+
 # ---- softer facts ------------------------------------------------------------------------------
 
 
@@ -205,7 +232,9 @@ def arch_family(arch: str) -> str:
 
 
 def describe(header: GGUFHeader, vocab: VocabInfo) -> dict[str, Any]:
+    info = draft_info(header)
     return {
+        "draft_info": info.to_dict() if info else None,
         "source": header.source,
         "architecture": header.architecture,
         "name": header.name,
@@ -236,7 +265,7 @@ def soft_facts(target: GGUFHeader, draft: GGUFHeader) -> dict[str, Any]:
     if target.n_params and draft.n_params:
         facts["params_ratio"] = round(draft.n_params / target.n_params, 4)
     warnings = []
-    if not facts["same_family"]:
+    if not facts["same_family"] and draft_info(draft) is None:  # a made-for-target draft has its own arch
         warnings.append(f"different architecture families ({target.architecture} vs {draft.architecture}): "
                         "expect low acceptance")
     if facts["size_ratio"] is not None and facts["size_ratio"] >= 1:
@@ -256,7 +285,11 @@ def check_headers(target: GGUFHeader, draft: GGUFHeader, *, target_vocab: VocabI
     tv = target_vocab or vocab_from_header(target)
     dv = draft_vocab or vocab_from_header(draft)
     rules, first = compare_vocabs(tv, dv)
-    return Verdict(rules, first, soft_facts(target, draft), describe(target, tv), describe(draft, dv))
+    info = draft_info(draft)
+    if info is not None:
+        rules = rules + draft_fit_rules(target, draft, info)
+    return Verdict(rules, first, soft_facts(target, draft), describe(target, tv), describe(draft, dv),
+                   info.kind if info else "draft-simple")
 
 
 def check_files(target_path, draft_path) -> Verdict:

@@ -8,6 +8,12 @@ Fast: each file first gets a gguf.peek.peek (a few KB of a memory-mapped file): 
 vocabulary type or size rule them out are skipped before any token text is decoded. Survivors
 get the compat verdict on gguf.peek.light_header, which reuses the target's decoded token texts
 when the raw bytes are identical (else a full parse). Nothing is cached on disk.
+
+Each candidate has a `kind`, llama.cpp's spec type it would draft as: draft-simple for an ordinary
+model; draft-eagle3 / draft-dflash / draft-dspark / draft-mtp (Gemma 4 assistant) for a draft made
+for a target, told from its header (gguf/drafts.py) whatever its file name, and checked against the
+target's shape too (compat.draft_fit_rules). An `mtp-*.gguf` that is not an assistant holds MTP
+heads for its own model: listed, never a draft.
 """
 
 from __future__ import annotations
@@ -20,14 +26,16 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from llamaspec.errors import LlamaspecError
+from llamaspec.gguf.drafts import kind_of_arch
 from llamaspec.gguf.header import GGUF_MAGIC, GGUFHeader, read_file
 from llamaspec.gguf.peek import Peek, TargetTokens, light_header, peek, target_tokens
 from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
 from llamaspec.pairing.compat import MAX_SIZE_DIFFERENCE, Verdict, check_headers
 
 _MAX_DEPTH = 8
-# Sidecars and helper files, not standalone models (llama.cpp's gguf_filename_is_model).
-_NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+# Helper files, not models (llama.cpp's gguf_filename_is_model also skips its draft sidecars,
+# mtp-/eagle3-/dflash-/dspark-: here they are scanned and told apart by their headers).
+_NOT_MODELS = ("mmproj", "imatrix")
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", ".tox"}
 
@@ -60,6 +68,7 @@ class Candidate:
     file_type: str | None = None
     verdict: Verdict | None = None
     skipped: str | None = None   # why it was ruled out before the full comparison
+    draft_kind: str = "draft-simple"  # llama.cpp's spec type it drafts as (from its header)
 
     @property
     def compatible(self) -> bool:
@@ -68,6 +77,7 @@ class Candidate:
     def to_dict(self) -> dict:
         return {
             "path": str(self.path), "location": self.kind, "label": self.label, "size": self.size,
+            "draft_kind": self.draft_kind,
             "architecture": self.architecture, "n_vocab": self.n_vocab, "vocab_type": self.vocab_type,
             "n_params": self.n_params, "file_type": self.file_type, "compatible": self.compatible,
             "reason": self.verdict.reason if self.verdict else self.skipped,
@@ -103,6 +113,12 @@ def search_roots(dirs: Iterable[str | os.PathLike[str]]) -> list[Root]:
 
 
 # ---- walking -----------------------------------------------------------------------------------
+
+
+def is_mtp_sidecar_name(name: str) -> bool:
+    """mtp-*.gguf, *-mtp-*.gguf or *-mtp.gguf: how repos ship MTP heads beside a model."""
+    low = name.lower()
+    return low.endswith(".gguf") and (low.startswith("mtp-") or "-mtp-" in low or low[:-5].endswith("-mtp"))
 
 
 def _is_model_name(name: str) -> bool:
@@ -242,7 +258,10 @@ def scan(target: GGUFHeader, roots: Iterable[Root], *, target_path: str | os.Pat
         pk = peek(found.path)
         if pk is not None:
             cand.architecture, cand.n_vocab, cand.vocab_type = pk.architecture, pk.n_vocab, pk.vocab_type
+            cand.draft_kind = kind_of_arch(pk.architecture) or "draft-simple"
         why = prefilter(tv, pk)
+        if why is None and cand.draft_kind == "draft-simple" and is_mtp_sidecar_name(found.path.name):
+            why = "MTP heads of another model (an mtp-*.gguf sidecar that is not a Gemma 4 assistant)"
         if why is None:
             try:
                 if raw is False:
@@ -250,6 +269,7 @@ def scan(target: GGUFHeader, roots: Iterable[Root], *, target_path: str | os.Pat
                 header = (light_header(found.path, raw) if raw else None) or read_file(found.path)
                 cand.verdict = check_headers(target, header, target_vocab=tv)
                 cand.n_params, cand.file_type = header.n_params, header.file_type
+                cand.draft_kind = cand.verdict.draft_kind   # dflash: DFlash or DSpark by its tensors
             except LlamaspecError as exc:
                 why = exc.message
         cand.skipped = why

@@ -61,6 +61,7 @@ class RegistryModel:
     derived_from: str | None = None  # or a local requantization of another entry (quant = target type)
     note: str | None = None
     line: int = 0
+    kind: str = "draft-simple"    # llama.cpp's spec type it drafts as (registry_schema.DRAFT_KINDS)
 
     @property
     def ref(self) -> str | None:
@@ -88,7 +89,8 @@ class RegistryModel:
     def to_dict(self) -> dict:
         d = {"id": self.id, "role": self.role, "params_b": self.params_b, "ref": self.ref, "repo": self.repo,
              "quant": self.quant, "package": self.package, "file": self.file, "derived_from": self.derived_from,
-             "source": self.source, "note": self.note}
+             "source": self.source, "note": self.note,
+             "kind": self.kind if self.kind != "draft-simple" else None}
         return {k: v for k, v in d.items() if v is not None}
 
 

@@ -19,6 +19,9 @@ from llamaspec.errors import RegistryError
 SCHEMA_VERSION = 1
 STATUSES = ("verified", "unverified", "incompatible")
 ROLES = ("main", "draft", "both")
+# llama.cpp's spec type a draft entry drafts as: an ordinary smaller model, or a draft made for a
+# target (EAGLE-3, DFlash, DSpark, a Gemma 4 assistant's MTP heads); gguf/drafts.py tells them apart
+DRAFT_KINDS = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark", "draft-mtp")
 VOCAB_TYPE_NAMES = ("NONE", "SPM", "BPE", "WPM", "UGM", "RWKV", "PLAMO2", "TEST")
 HEADER_COMMENT = (
     "# llamaspec pairing registry, one model family per file. Schema: pairings/SCHEMA.md.\n"
@@ -225,7 +228,7 @@ def validate(data: Any, path: Path) -> dict:
         ln = models_raw.item_lines[i] if isinstance(models_raw, LineList) else v.line(top, "models")
         m = v.mapping(raw, ln, f"models[{i}]")
         v.keys(m, f"models[{i}]", {"id", "role", "source"},
-               {"repo", "quant", "package", "file", "derived_from", "params", "note"})
+               {"repo", "quant", "package", "file", "derived_from", "params", "note", "kind"})
         mid = v.string(m, "id", pattern=_ID)
         if any(x["id"] == mid for x in models):
             v.fail(v.line(m, "id"), f"duplicate model id {mid!r}")
@@ -246,7 +249,10 @@ def validate(data: Any, path: Path) -> dict:
             v.fail(m.line, f"model {mid!r} from a package needs `file` (its path inside site-packages)")
         if derived and not any(x["id"] == derived for x in models):
             v.fail(v.line(m, "derived_from"), f"derived_from {derived!r} must name a model listed before it")
-        models.append(dict(id=mid, role=v.choice(m, "role", ROLES),
+        kind = v.choice(m, "kind", DRAFT_KINDS, f"model {mid!r} ") if "kind" in m else "draft-simple"
+        if kind != "draft-simple" and m.get("role") != "draft":
+            v.fail(v.line(m, "kind"), f"model {mid!r} of kind {kind} must have role draft (it only drafts)")
+        models.append(dict(id=mid, role=v.choice(m, "role", ROLES), kind=kind,
                            params_b=None if params is None else float(params), source=v.string(m, "source"),
                            repo=repo, quant=quant, package=package, file=file, derived_from=derived,
                            note=v.string(m, "note", optional=True), line=m.line))

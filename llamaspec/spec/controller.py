@@ -95,14 +95,27 @@ class CostModel:
         self.draft_ratio_value = draft_ratio_value
         self.default_slope = default_slope
         self.decay = decay
-        self._w = self._sn = self._snn = self._st = self._snt = 0.0
+        self._w = self._sn = self._snn = self._st = self._snt = 0.0  # batches of 2+ (all, until one)
+        self._one_w = self._one_s = 0.0  # one-token steps
         self._draft_s = self._draft_n = 0.0
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
-        """A target step that evaluated `n_tokens` tokens (1 for a plain decode) took `seconds`."""
+        """A target step that evaluated `n_tokens` tokens (1 for a plain decode) took `seconds`.
+
+        One-token steps are kept apart from the line fitted to batches: on CPUs a one-token step
+        is a matrix-vector product bound by memory bandwidth and a batch a matrix product with
+        other kernels (SmolLM2 F16 on a 2-core EPYC: t(2) = 1.8 t(1), then +0.2 t(1) per token),
+        so one line through both would make short drafts look cheap."""
         if n_tokens < 1 or not seconds > 0.0:
             return
         g = self.decay
+        if n_tokens == 1:
+            self._one_w = self._one_w * g + 1.0
+            self._one_s = self._one_s * g + seconds
+            if self._w > 0.0 and self._sn > self._w:  # batches seen: the line is theirs alone
+                return
+        elif self._w > 0.0 and self._sn <= self._w:  # the first batch: drop the one-token points
+            self._w = self._sn = self._snn = self._st = self._snt = 0.0
         self._w = self._w * g + 1.0
         self._sn = self._sn * g + n_tokens
         self._snn = self._snn * g + n_tokens * n_tokens
@@ -137,7 +150,9 @@ class CostModel:
 
     @property
     def decode_seconds(self) -> float | None:
-        """Estimated time of one plain decode step t(1)."""
+        """Estimated time of one plain decode step t(1): measured, else from the line."""
+        if self._one_w > 0.0:
+            return self._one_s / self._one_w
         ab = self.line()
         return None if ab is None else ab[0] + ab[1]
 
@@ -145,12 +160,7 @@ class CostModel:
         """Cost of a verify step with k draft tokens / cost of a plain decode step."""
         if self.verify_ratio_fn is not None:
             return float(self.verify_ratio_fn(k))
-        ab = self.line()
-        if ab is None:
-            s = self.default_slope
-            return (1.0 + s * (k + 1)) / (1.0 + s)
-        a, b = ab
-        return (a + b * (k + 1)) / (a + b)
+        return self.verify_ratios(k)[k]
 
     def verify_ratios(self, k_max: int) -> list[float]:
         """[verify_ratio(k) for k in 0..k_max], computed at once."""
@@ -161,8 +171,9 @@ class CostModel:
             a, b = 1.0, self.default_slope
         else:
             a, b = ab
-        t1 = a + b
-        return [(a + b * (k + 1)) / t1 for k in range(k_max + 1)]
+        t1 = self.decode_seconds if ab is not None else a + b
+        # never below 1: a batch that looked faster than one token is noise
+        return [1.0] + [max(1.0, (a + b * (k + 1)) / t1) for k in range(1, k_max + 1)]
 
     @property
     def draft_ratio(self) -> float:
@@ -188,7 +199,7 @@ class DraftLengthController:
                  position_weight: float = 2.0, min_gain: float = 1.05,
                  off_acceptance: float = 0.1, window: int = 16, pause: int = 8,
                  max_pause: int = 128, recover_pause: int = 32, probe_budget: float = 0.03,
-                 probe_k: int | None = None):
+                 probe_k: int | None = None, split_runs: bool = True):
         if not 0 <= n_min <= n_max:
             raise ValueError(f"need 0 <= n_min <= n_max (got {n_min}, {n_max})")
         self.n_min = max(1, n_min)
@@ -206,6 +217,7 @@ class DraftLengthController:
         self.recover_pause = recover_pause
         self.probe_budget = probe_budget
         self.probe_k = min(n_max, max(self.n_min, 4)) if probe_k is None else probe_k
+        self.split_runs = split_runs
         self._pool_num = 0.0  # decayed accepted counts, all positions
         self._pool_den = 0.0  # decayed observed counts (accepted + rejections)
         # Per-position counts, split by the outcome of the previous draft: acceptance comes in runs
@@ -274,8 +286,9 @@ class DraftLengthController:
 
     # -- decisions ----------------------------------------------------------------------------
 
-    def choose(self) -> int:
-        """Draft length for the next step; 0 means: do not draft (plain decode step)."""
+    def choose(self, match: int | None = None) -> int:
+        """Draft length for the next step; 0 means: do not draft (plain decode step).
+        `match` (Draft.match) is not used here: MatchController keeps a controller per match length."""
         if self.n_max <= 0:
             return 0
         if self._pause_left > 0:
@@ -321,7 +334,7 @@ class DraftLengthController:
             sd[i] += 1.0
         if n_accepted < limit:
             sd[n_accepted] += 1.0
-        self._state = 1 if n_accepted == n_drafted else 0
+        self._state = 1 if n_accepted == n_drafted and self.split_runs else 0
         self._pool_num += n_accepted
         self._pool_den += n_accepted + (1 if n_accepted < n_drafted else 0)
         if self._grace > 0:

@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from llamaspec.spec.controller import CostModel, DraftLengthController
+from llamaspec.spec.match_controller import MatchController
 from llamaspec.spec.sequence import (  # noqa: F401  (GenerationConfig & co. are the engine's API too)
     _NO_DRAFT,
     Generation,
@@ -174,6 +175,11 @@ class SpecEngine:
         members = self.drafter.members()
         # In a chain, who drafts a position decides how it is verified: all members, then.
         fixed = reproducible and any(d.samples for d in members)
+        n_min, n_max = max(1, config.draft_min), config.draft_max
+
+        def make(c: CostModel | None, prior_alpha: float = 0.6) -> DraftLengthController:
+            return DraftLengthController(n_min=n_min, n_max=n_max, cost=c, prior_alpha=prior_alpha)
+
         ctls = {}
         for d in members:
             cost = None
@@ -181,8 +187,7 @@ class SpecEngine:
                 slope = CostModel().default_slope
                 cost = CostModel(verify_ratio_fn=lambda k, s=slope: (1.0 + s * (k + 1)) / (1.0 + s),
                                  draft_ratio_value=d.cost_hint)
-            ctls[d.name] = DraftLengthController(n_min=max(1, config.draft_min), n_max=config.draft_max,
-                                                 cost=cost)
+            ctls[d.name] = MatchController(make, cost) if d.sizes_by_match else make(cost)
         return ctls
 
     def _propose(self, seq_id: int, history: list[int], k: int,
@@ -193,8 +198,8 @@ class SpecEngine:
             return _NO_DRAFT
         asked: list[tuple[str, float]] = []  # (member, when asked): a member's time runs to the next
 
-        def limit(d: Drafter) -> int:
-            n = min(k, ctls[d.name].choose()) if ctls else k
+        def limit(d: Drafter, match: int | None = None) -> int:
+            n = min(k, ctls[d.name].choose(match)) if ctls else k
             if n > 0:
                 asked.append((d.name, time.perf_counter()))
             return n

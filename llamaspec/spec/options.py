@@ -55,7 +55,7 @@ class SpecType:
     """One of llama.cpp's speculative types (`--spec-type`)."""
 
     name: str                              # llama.cpp's name
-    priority: int                          # llama.cpp's chain order (common_speculative_init): lower first
+    priority: float                        # llama.cpp's chain order (common_speculative_init): lower first
     aliases: tuple[str, ...] = ()          # names users type that llama.cpp does not accept
     needs_draft_model: bool = False        # a separate draft GGUF (--draft)
     loads_mtp_layers: bool = False         # the target is loaded with its NextN/MTP layers
@@ -63,6 +63,7 @@ class SpecType:
     # llama.cpp flags for bench's side-by-side run: (flag, key of the value bench supplies)
     native_flags: tuple[tuple[str, str], ...] = ()
     implemented: bool = False              # llamaspec has a drafter for it
+    in_llama_cpp: bool = True              # False: llamaspec's own type (llama.cpp would refuse it)
 
 
 #: llama.cpp's speculative types, in its chain priority order ("none" first: plain decoding)
@@ -73,12 +74,16 @@ SPEC_TYPES: dict[str, SpecType] = {t.name: t for t in (
     SpecType("ngram-map-k4v", 3, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MAP_K4V_FLAGS, implemented=True),
     SpecType("ngram-mod", 4, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MOD_FLAGS, implemented=True),
     SpecType("ngram-cache", 5, draft_max=DRAFT_MAX_NGRAM, implemented=True),
+    # llamaspec's own: the longest-match prompt lookup (drafters/prompt_lookup.py). After the
+    # n-gram types, before the draft models, like them.
+    SpecType("prompt-lookup", 5.5, aliases=("lookup",), draft_max=DRAFT_MAX_NGRAM, implemented=True,
+             in_llama_cpp=False),
     SpecType("draft-simple", 6, aliases=("draft",), needs_draft_model=True, draft_max=DRAFT_MAX_MODEL,
              native_flags=(("-md", "draft_path"), ("--spec-draft-n-max", "native_draft_max")), implemented=True),
-    SpecType("draft-eagle3", 7, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL),
+    SpecType("draft-eagle3", 7, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL, implemented=True),
     SpecType("draft-mtp", 8, aliases=("mtp",), loads_mtp_layers=True, draft_max=DRAFT_MAX_MODEL, implemented=True),
-    SpecType("draft-dflash", 9, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL),
-    SpecType("draft-dspark", 10, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL),
+    SpecType("draft-dflash", 9, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL, implemented=True),
+    SpecType("draft-dspark", 10, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL, implemented=True),
 )}
 
 #: the drafting types in llama.cpp's priority order, highest first
@@ -168,10 +173,12 @@ def default_draft_max(types: str | Iterable[str]) -> int:
 
 def default_bench_modes(with_draft_model: bool) -> list[str]:
     """What `bench` measures when no --spec-type is given: every implemented type that drafts, in
-    priority order, except MTP (few models have the layers) and, without --draft, the draft-model ones."""
+    priority order, except MTP (few models have the layers) and the draft-model ones other than
+    draft-simple (EAGLE-3 / DFlash drafts are made for them: name them with --spec-type); with
+    --draft, draft-simple."""
     return [t.name for t in SPEC_TYPES.values()
             if t.implemented and t.draft_max is not None and not t.loads_mtp_layers
-            and (with_draft_model or not t.needs_draft_model)]
+            and (not t.needs_draft_model or (with_draft_model and t.name == DRAFT_MODEL_TYPE))]
 
 
 def native_flags(types: str | Iterable[str], values: Mapping[str, object]) -> list[str]:
@@ -206,6 +213,9 @@ class NgramParams:
     mod_n_match: int = 6        # llama.cpp: 24
     mod_n_min: int = 4          # llama.cpp: 48
     mod_n_max: int = 64
+    # prompt-lookup (llamaspec's own): match lengths looked for, and the longest draft copied
+    lookup_n_min: int = 2
+    lookup_n_max: int = 16
     # ngram-map-k / k4v: llama.cpp's defaults and meaning (llama.cpp ignores min-hits for ngram-map-k)
     map_k_size_n: int = 12
     map_k_size_m: int = 48
@@ -213,6 +223,10 @@ class NgramParams:
     map_k4v_size_n: int = 12
     map_k4v_size_m: int = 48
     map_k4v_min_hits: int = 1
+    # ngram-cache: llama.cpp's --lookup-cache-static (read only) / --lookup-cache-dynamic (read if
+    # it exists, written back with this run's n-grams when the pipeline closes)
+    cache_static: Path | None = None
+    cache_dynamic: Path | None = None
 
 
 @dataclass

@@ -40,11 +40,15 @@ class Draft:
             was drawn from), for rejection sampling; None when the drafter has none (n-gram
             drafters: their proposals are deterministic, i.e. one-hot distributions).
     source: name of the drafter that produced the draft ("" for no draft).
+    match:  how many tokens of context matched where the draft was copied from, for drafters that
+            know it (prompt-lookup); None otherwise. The controller keeps acceptance per match
+            length: a draft after a long match is likelier to be right.
     """
 
     tokens: list[int]
     probs: list[np.ndarray] | None = None
     source: str = ""
+    match: int | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -58,7 +62,7 @@ class Draft:
             return self
         n = max(0, n)
         probs = self.probs[:n] if self.probs is not None else None
-        return Draft(self.tokens[:n], probs, self.source)
+        return Draft(self.tokens[:n], probs, self.source, self.match)
 
 
 class Drafter(ABC):
@@ -71,6 +75,9 @@ class Drafter(ABC):
     #: cost of one drafted token relative to a target decode step, estimated without timing
     #: (from model sizes); used where decisions must not depend on measured time
     cost_hint: float = 0.0
+    #: True when drafts carry `Draft.match`: the engine then sizes them per match length
+    #: (match_controller.py)
+    sizes_by_match: bool = False
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
               rng: np.random.Generator | None = None) -> None:
@@ -86,11 +93,12 @@ class Drafter(ABC):
         return [self]
 
     def propose_within(self, seq_id: int, history: Sequence[int],
-                       limit: Callable[["Drafter"], int]) -> Draft:
+                       limit: Callable[..., int]) -> Draft:
         """`propose` with a draft-length cap per member: limit(d) for each member d (0: skip it).
 
         The engine gives each member its own adaptive cap, so a paused draft model does not stop
-        a free n-gram drafter from being tried (and the other way round)."""
+        a free n-gram drafter from being tried (and the other way round). A drafter that knows
+        its match length before drafting calls limit(d, match) instead (prompt_lookup.py)."""
         k = limit(self)
         return self.propose(seq_id, history, k).truncated(k) if k > 0 else Draft([])
 

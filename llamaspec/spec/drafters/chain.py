@@ -49,10 +49,10 @@ class ChainDrafter(Drafter):
         return [m for d in self.drafters for m in d.members()]
 
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
-        return self.propose_within(seq_id, history, lambda d: n_max)
+        return self.propose_within(seq_id, history, lambda d, match=None: n_max)
 
     def propose_within(self, seq_id: int, history: Sequence[int],
-                       limit: Callable[[Drafter], int]) -> Draft:
+                       limit: Callable[..., int]) -> Draft:
         self._winner.pop(seq_id, None)
         for d in self.drafters:
             draft = d.propose_within(seq_id, history, limit)

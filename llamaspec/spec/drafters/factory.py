@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from llamaspec.errors import UsageError
+from llamaspec.errors import InputError, UsageError
 from llamaspec.spec.drafters.base import Drafter
 from llamaspec.spec.drafters.chain import ChainDrafter
-from llamaspec.spec.options import SpecOptions, parse_spec_types
+from llamaspec.spec.options import MAX_DRAFT, SpecOptions, parse_spec_types
 
 if TYPE_CHECKING:
     from llamaspec.runtime.llama import Model
@@ -40,6 +40,13 @@ def _ngram_mod(opts, target, ctx, sampling) -> Built:
     return Built(NgramModDrafter(n_match=g.mod_n_match, n_min=g.mod_n_min, n_max=g.mod_n_max))
 
 
+def _prompt_lookup(opts, target, ctx, sampling) -> Built:
+    from llamaspec.spec.drafters.prompt_lookup import PromptLookupDrafter
+
+    return Built(PromptLookupDrafter(n_min=opts.ngram.lookup_n_min, n_max=opts.ngram.lookup_n_max,
+                                     size_m=MAX_DRAFT))
+
+
 def _draft_model(opts, target, ctx, sampling) -> Built:
     from llamaspec.spec.drafters.model import ModelDrafter
     from llamaspec.runtime.llama import Model
@@ -60,9 +67,53 @@ def _draft_model(opts, target, ctx, sampling) -> Built:
                               cost_hint=cost_hint), model)
 
 
+def _layer_reading_draft(opts, target, ctx, kind: str) -> Built:
+    """draft-eagle3 / draft-dflash / draft-dspark: a draft GGUF that reads the target's hidden
+    layers, in a context linked to the target's."""
+    from llamaspec.runtime.llama import Model
+
+    if opts.draft_path is None:
+        raise UsageError(f"--spec-type {kind} needs its draft model", "pass --draft PATH")
+    model = Model(opts.draft_path, n_gpu_layers=opts.n_gpu_layers_draft,
+                  amx=opts.amx if opts.amx is not None else getattr(target, "amx", None))
+    cost_hint = opts.draft_path.stat().st_size / max(1, target.path.stat().st_size)
+    try:
+        if kind == "draft-eagle3":
+            from llamaspec.spec.drafters.eagle3 import Eagle3Drafter as cls
+        else:
+            from llamaspec.spec.drafters.dflash import DFlashDrafter as cls
+        kw = {} if kind == "draft-eagle3" else {"dspark": kind == "draft-dspark"}
+        drafter = cls(target, ctx, model, p_min=opts.draft_p_min, n_threads=opts.n_threads,
+                      cost_hint=cost_hint, **kw)
+    except BaseException:
+        model.close()
+        raise
+    return Built(drafter, model)
+
+
+def _eagle3(opts, target, ctx, sampling) -> Built:
+    return _layer_reading_draft(opts, target, ctx, "draft-eagle3")
+
+
+def _dflash(opts, target, ctx, sampling) -> Built:
+    return _layer_reading_draft(opts, target, ctx, "draft-dflash")
+
+
+def _dspark(opts, target, ctx, sampling) -> Built:
+    return _layer_reading_draft(opts, target, ctx, "draft-dspark")
+
+
 def _mtp(opts, target, ctx, sampling) -> Built:
+    from llamaspec.spec.drafters.assistant import is_mtp_draft_file, load_assistant_drafter
     from llamaspec.spec.drafters.mtp import MtpDrafter
 
+    # --draft names a Gemma 4 assistant: its MTP layers draft (over the target's KV); any other
+    # --draft file belongs to draft-simple in the same chain, and the target's own heads draft.
+    if is_mtp_draft_file(opts.draft_path):
+        drafter, model = load_assistant_drafter(target, ctx, opts.draft_path, p_min=opts.draft_p_min,
+                                                n_threads=opts.n_threads, n_gpu_layers=opts.n_gpu_layers_draft,
+                                                amx=opts.amx)
+        return Built(drafter, model)
     return Built(MtpDrafter(target, ctx, p_min=opts.draft_p_min))
 
 
@@ -84,8 +135,12 @@ def _ngram_map_k4v(opts, target, ctx, sampling) -> Built:
 def _ngram_cache(opts, target, ctx, sampling) -> Built:
     from llamaspec.spec.drafters.ngram_cache import NgramCacheDrafter
 
-    # The context cache only: llama.cpp's --lookup-cache-static/-dynamic files are not exposed yet.
-    return Built(NgramCacheDrafter())
+    g = opts.ngram
+    try:
+        return Built(NgramCacheDrafter(static_path=g.cache_static, dynamic_path=g.cache_dynamic))
+    except (OSError, ValueError) as e:   # missing, unreadable or corrupt cache file
+        raise InputError(str(e), "give an n-gram cache file in llama.cpp's format, or drop "
+                                 "--lookup-cache-static/--lookup-cache-dynamic") from None
 
 
 _BUILDERS: dict[str, Callable[..., Built]] = {
@@ -94,8 +149,12 @@ _BUILDERS: dict[str, Callable[..., Built]] = {
     "ngram-map-k4v": _ngram_map_k4v,
     "ngram-mod": _ngram_mod,
     "ngram-cache": _ngram_cache,
+    "prompt-lookup": _prompt_lookup,
     "draft-simple": _draft_model,
     "draft-mtp": _mtp,
+    "draft-eagle3": _eagle3,
+    "draft-dflash": _dflash,
+    "draft-dspark": _dspark,
 }
 
 

@@ -20,7 +20,8 @@ Keeping the MTP context in step with the sequence:
   one per further token. Rejected draft positions never enter the MTP KV; the rows of the draft
   chain (computed from the MTP's own h, not the target's) are removed right after drafting.
 * `llama_get_ctx_other` is NULL for most architectures (mimo2, qwen35...): the MTP context has a KV
-  cache of its own for the NextN layer. When it shares the target's memory (gemma4-style) nothing
+  cache of its own for the NextN layer. When it shares the target's memory (a Gemma 4 assistant,
+  `heads=` another model: assistant.py) nothing
   is caught up and every draft step reuses the position of the last token, as llama.cpp does.
 * Several NextN layers ("chained heads", step35-style): step i runs head i over the whole draft
   prefix, and catch-up batches are decoded once per head; n_max is capped at the number of heads.
@@ -68,31 +69,36 @@ class _SeqState:
 class MtpDrafter(Drafter):
     name = "draft-mtp"
 
-    def __init__(self, target: Model, ctx: Context, *, p_min: float = 0.0, n_threads: int | None = None):
-        """target: the model (loaded with load_mtp=True); ctx: the target's context (the engine's)."""
-        if getattr(target, "n_nextn", 0) <= 0:
-            raise UsageError(f"{target.path.name}: the model has no MTP heads; use --spec-type draft or ngram-mod",
-                             "draft-mtp needs a GGUF with NextN layers (<arch>.nextn_predict_layers > 0)")
-        if not getattr(target, "load_mtp", True):
+    def __init__(self, target: Model, ctx: Context, *, p_min: float = 0.0, n_threads: int | None = None,
+                 heads: Model | None = None):
+        """target: the model (loaded with load_mtp=True); ctx: the target's context (the engine's);
+        heads: the model whose NextN layers draft, when not the target's own (a Gemma 4
+        assistant GGUF: assistant.py checks it first)."""
+        heads = heads if heads is not None else target
+        if getattr(heads, "n_nextn", 0) <= 0:
+            raise UsageError(f"{heads.path.name}: the model has no MTP heads; use --spec-type draft or ngram-mod",
+                             "draft-mtp needs a GGUF with NextN layers (<arch>.nextn_predict_layers > 0), "
+                             "or a Gemma 4 assistant GGUF given with --draft")
+        if not getattr(heads, "load_mtp", True):
             # Creating an MTP context on a model loaded without its NextN tensors aborts the process.
             raise UsageError("the target was loaded without its MTP layers",
                              "load it with Model(path, load_mtp=True)")
         self.target = target
         self.tctx = ctx
         self.p_min = max(0.0, float(p_min))
-        self.n_vocab = target.n_vocab
+        self.n_vocab = heads.n_vocab
         n_embd_out = getattr(llama_cpp, "llama_model_n_embd_out", None)
-        self.n_embd = int(n_embd_out(target.ptr)) if n_embd_out is not None else target.n_embd
+        self.n_embd = int(n_embd_out(heads.ptr)) if n_embd_out is not None else heads.n_embd
         if self.n_embd <= 0:
-            self.n_embd = target.n_embd
+            self.n_embd = heads.n_embd
         cfg = ctx.config
-        self.ctx = Context(target, ContextConfig(n_ctx=ctx.n_ctx, n_batch=cfg.n_batch,
+        self.ctx = Context(heads, ContextConfig(n_ctx=ctx.n_ctx, n_batch=cfg.n_batch,
                                                  n_threads=n_threads or cfg.n_threads,
                                                  n_seq_max=cfg.n_seq_max),
                            ctx_type=llama_cpp.LLAMA_CONTEXT_TYPE_MTP, ctx_other=ctx.ptr)
         other = llama_ext.llama_get_ctx_other(self.ctx.ptr)
         self.mem_shared = bool(other) and other == ctypes.cast(ctx.ptr, ctypes.c_void_p).value
-        self.n_heads = max(1, int(target.n_nextn))
+        self.n_heads = max(1, int(heads.n_nextn))
         self.chain_heads = self.n_heads > 1 and not self.mem_shared
         # The MTP batch carries token ids *and* embeddings: llama_batch_init(n, n_embd, ...) leaves
         # `token` NULL, so attach an array of our own (and detach it before llama_batch_free).

@@ -212,11 +212,12 @@ def load_ngram_cache(path: str | Path) -> Cache:
 
 
 class _Seq:
-    __slots__ = ("cache_size", "context")
+    __slots__ = ("cache_size", "context", "tokens")
 
     def __init__(self) -> None:
         self.cache_size = 0        # tokens of the history already counted in `context`
         self.context: Cache = {}
+        self.tokens: list[int] = []   # the whole sequence, for the dynamic cache at end()
 
 
 class NgramCacheDrafter(Drafter):
@@ -228,7 +229,10 @@ class NgramCacheDrafter(Drafter):
       since the last one *within that chunk only* (so a 1-token step adds nothing); False
       (examples/lookup): n-grams across chunk boundaries are counted too.
     end(seq_id) merges the sequence's context cache into `dynamic_out` (lookup-stats style);
-    save_dynamic() writes it (loaded dynamic + merged contexts) in llama.cpp's format.
+    save_dynamic() writes it (loaded dynamic + merged contexts) in llama.cpp's format, and close()
+    does so to dynamic_path ("updated by generation", as llama.cpp's lookup example does; its
+    server loads the file but never writes it). The dynamic cache read while drafting stays the
+    loaded one: later sequences of the same run do not see earlier ones (llama.cpp's behaviour).
     """
 
     name = "ngram-cache"
@@ -236,8 +240,10 @@ class NgramCacheDrafter(Drafter):
     def __init__(self, static_path: str | Path | None = None, dynamic_path: str | Path | None = None,
                  n_draft: int | None = 8, chunked_update: bool = True):
         self.static: Cache = load_ngram_cache(static_path) if static_path else {}
-        self.dynamic: Cache = load_ngram_cache(dynamic_path) if dynamic_path else {}
         self.dynamic_path = Path(dynamic_path) if dynamic_path else None
+        # A dynamic file that does not exist yet is created at close (llama.cpp's lookup example).
+        self.dynamic: Cache = (load_ngram_cache(dynamic_path)
+                               if self.dynamic_path is not None and self.dynamic_path.exists() else {})
         self.dynamic_out: Cache = {}
         merge_ngram_caches(self.dynamic_out, self.dynamic)
         self.n_draft, self.chunked_update = n_draft, chunked_update
@@ -245,13 +251,15 @@ class NgramCacheDrafter(Drafter):
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
               rng: np.random.Generator | None = None) -> None:
-        self._seqs.setdefault(seq_id, _Seq())   # llama.cpp: no-op (the prompt is counted at propose)
+        st = self._seqs.setdefault(seq_id, _Seq())   # llama.cpp: no-op (the prompt is counted at propose)
+        st.tokens = [int(t) for t in prompt_tokens]
 
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
         if n_max <= 0:
             return Draft([], None, self.name)
         st = self._seqs.setdefault(seq_id, _Seq())
         h = [int(t) for t in history]
+        st.tokens = h
         if st.cache_size < len(h):
             if self.chunked_update:
                 new = h[st.cache_size:]
@@ -262,17 +270,35 @@ class NgramCacheDrafter(Drafter):
         n = n_max if self.n_draft is None else min(n_max, self.n_draft)
         return Draft(ngram_cache_draft(h, n, st.context, self.dynamic, self.static), None, self.name)
 
+    def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int],
+                 is_other: bool = False) -> None:
+        st = self._seqs.get(seq_id)
+        if st is not None:
+            st.tokens.extend(int(t) for t in new_tokens)
+
     def end(self, seq_id: int) -> None:
         st = self._seqs.pop(seq_id, None)
         if st is not None:
-            merge_ngram_caches(self.dynamic_out, st.context)
+            # What the dynamic file gets is lookup.cpp's context cache: every n-gram of the whole
+            # sequence (the chunked drafting cache misses those spanning 1-token steps).
+            whole: Cache = {}
+            ngram_cache_update(whole, st.tokens, len(st.tokens))
+            merge_ngram_caches(self.dynamic_out, whole)
 
     def save_dynamic(self, path: str | Path | None = None) -> None:
         """Write dynamic_out to `path` (default: dynamic_path)."""
         target = path if path is not None else self.dynamic_path
         if target is None:
             raise ValueError("save_dynamic: no path (and no dynamic_path given)")
-        save_ngram_cache(self.dynamic_out, target)
+        # Written beside and renamed over: an interrupted save leaves the old file whole.
+        target = Path(target)
+        tmp = target.with_name(target.name + ".tmp")
+        save_ngram_cache(self.dynamic_out, tmp)
+        tmp.replace(target)
 
     def close(self) -> None:
-        self._seqs.clear()
+        for seq_id in list(self._seqs):   # sequences not ended (interrupted) count too
+            self.end(seq_id)
+        if self.dynamic_path is not None:
+            self.save_dynamic()
+            self.dynamic_path = None      # close twice: save once

@@ -1,0 +1,9 @@
+"""`llamaspec tune`: find the fastest speculative settings for a pair on this machine, store them,
+and apply them when `run`, `batch` and `bench` are not told otherwise.
+
+identity.py  what an entry is valid for (files, llama.cpp build, device)
+store.py     tune.json in the user's config directory; `lookup(target, draft)` for the commands
+sweep.py     the search (successive halving against plain decoding), testable without timing
+calibrate.py the real runs (bench's run_mode on the calibration prompts)
+apply.py     a stored configuration merged with the settings a generation was given
+"""

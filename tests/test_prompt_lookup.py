@@ -1,0 +1,153 @@
+"""prompt-lookup (llamaspec's own longest-match drafter) and the per-match-length controller:
+pure functions against hand-worked examples, the incremental drafter against the reference
+function, and lossless generation through `run` on real tiny models."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import random
+
+import numpy as np
+import pytest
+
+from llamaspec.spec import match_controller
+from llamaspec.spec.controller import CostModel, DraftLengthController
+from llamaspec.spec.drafters import prompt_lookup
+from llamaspec.spec.drafters.prompt_lookup import PromptLookupDrafter, prompt_lookup_draft
+from llamaspec.spec.match_controller import MatchController, match_bucket
+
+
+def test_docstring_examples():
+    for mod in (prompt_lookup, match_controller):
+        result = doctest.testmod(mod)
+        assert result.failed == 0 and result.attempted > 0
+
+
+def test_longest_match_beats_the_latest_one():
+    # "5 6" ends at 2 (after 4 5 6: a 3-token match with the end "4 5 6") and at 6 (after 8 5 6:
+    # 2 tokens). A fixed-n drafter takes the latest occurrence (6) and drafts 9; the longest
+    # match drafts 7 7.
+    h = [4, 5, 6, 7, 7, 8, 5, 6, 9, 4, 5, 6]
+    assert prompt_lookup_draft(h, 2) == ([7, 7], 3)
+    assert prompt_lookup_draft(h, 2, n_min=4) == ([], 0)
+    # ties: the latest of equally long matches
+    assert prompt_lookup_draft([1, 2, 3, 1, 2, 4, 1, 2], 1) == ([4], 2)
+    # the match may not be the end itself, and nothing follows an end that has no successor
+    assert prompt_lookup_draft([1, 2], 3) == ([], 0)
+
+
+def test_incremental_drafter_equals_the_reference_on_random_text():
+    rng = random.Random(7)
+    for trial in range(30):
+        vocab = rng.choice([3, 5, 12])
+        prompt = [rng.randrange(vocab) for _ in range(rng.randrange(3, 60))]
+        d = PromptLookupDrafter(n_min=2, n_max=8, size_m=64)
+        d.begin(0, prompt)
+        h = list(prompt)
+        for step in range(40):
+            got = d.propose_within(0, h, lambda dr, match=None: 5)
+            want, n = prompt_lookup_draft(h, 5, n_min=2, n_max=8)
+            assert (got.tokens, got.match if got.tokens else 0) == (want, n), (trial, step)
+            new = [rng.randrange(vocab) for _ in range(rng.randrange(1, 4))]
+            d.accepted(0, 0, new)
+            h += new
+
+
+def test_drafter_asks_the_limit_with_its_match_and_keeps_it_on_the_draft():
+    d = PromptLookupDrafter()
+    h = [1, 2, 3, 4, 5, 6, 7, 9, 1, 2, 3, 4]
+    d.begin(0, h[:6])
+    asked = []
+    draft = d.propose_within(0, h, lambda dr, match=None: asked.append(match) or 3)
+    assert asked == [4] and draft.tokens == [5, 6, 7] and draft.match == 4
+    assert draft.truncated(1).match == 4
+    # limit 0: the controller said no for this match length
+    assert not d.propose_within(0, h, lambda dr, match=None: 0)
+    # a rewritten history (another prompt on the same sequence id) is re-indexed
+    assert d.propose_within(0, [8, 8, 8, 8], lambda dr, match=None: 2).tokens == [8]
+
+
+def test_match_buckets():
+    assert [match_bucket(m) for m in (None, 0, 2, 3, 4, 5, 8, 9, 100)] == [0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def _match_controller(curve=lambda k: 1.0 + 0.2 * k):
+    cost = CostModel(verify_ratio_fn=curve, draft_ratio_value=0.0)
+    return MatchController(lambda c, prior: DraftLengthController(n_min=1, n_max=32, cost=c, prior_alpha=prior),
+                           cost)
+
+
+def test_long_matches_earn_long_drafts_and_short_ones_stop():
+    """Drafts after long matches are always right, after 2-token matches always wrong: the long
+    bucket's length grows, the short bucket stops drafting (its own pause), and the failures of
+    one never shorten the other."""
+    mc = _match_controller()
+    long_k, short_k = [], []
+    for _ in range(40):
+        k = mc.choose(12)
+        long_k.append(k)
+        mc.observe(k, k)
+        k = mc.choose(2)
+        short_k.append(k)
+        mc.observe(k, 0)
+    assert long_k[-1] > long_k[0] and long_k[-1] >= 16
+    assert short_k[:2] != [0, 0] and sum(1 for k in short_k[-20:] if k) <= 2
+    assert mc.buckets[1].n_pauses >= 1 and mc.buckets[4].n_pauses == 0
+    assert mc.n_pauses == mc.buckets[1].n_pauses
+
+
+def test_plain_steps_teach_only_the_shared_costs():
+    mc = _match_controller(curve=None)
+    mc.cost.verify_ratio_fn = None
+    mc.observe(0, 0, verify_seconds=0.010)
+    mc.observe_cost(9, 0.020)
+    assert mc.cost.decode_seconds == pytest.approx(0.010)
+    assert not mc.buckets  # no bucket was asked, none was made
+
+
+def test_cost_model_keeps_one_token_steps_apart_from_batches():
+    """t(1) is a memory-bound matrix-vector product, batches a matrix product: a line through
+    both would make a 1-token draft look cheap (here t(2) = 1.8 t(1), then +0.2 t(1) per token)."""
+    cm = CostModel()
+    for _ in range(5):
+        cm.observe_verify(1, 0.010)
+        for n in (2, 9, 17):
+            cm.observe_verify(n, 0.016 + 0.002 * n)
+    assert cm.decode_seconds == pytest.approx(0.010)
+    assert cm.verify_ratio(1) == pytest.approx(2.0, rel=1e-6)     # t(2) / t(1) = 0.020 / 0.010
+    assert cm.verify_ratio(16) == pytest.approx(5.0, rel=1e-6)    # t(17) = 0.050
+    assert cm.verify_ratios(4)[0] == 1.0
+
+
+def _run_json(run_cli, *args):
+    res = run_cli("run", *args, "--json")
+    assert res.exit_code == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_prompt_lookup_is_lossless_through_run(run_cli, tiny_models):
+    """Greedy output through `run` equals plain decoding, and drafts were made and accepted (the
+    prompt repeats itself, so the tiny model's output copies from it)."""
+    prompt = "one two three four five six seven eight nine ten " * 6
+    common = (str(tiny_models["target"]), "-p", prompt, "-n", "48", "--temp", "0", "--raw")
+    plain = _run_json(run_cli, *common, "--spec-type", "none")
+    spec = _run_json(run_cli, *common, "--spec-type", "prompt-lookup")
+    assert spec["spec_type"] == "prompt-lookup"
+    assert spec["tokens"] == plain["tokens"]
+    assert spec["drafted"] > 0
+
+
+def test_no_flags_means_speculation_from_what_is_on_disk(run_cli, tiny_models, tmp_path):
+    """`run MODEL` with no --draft and no --spec-type speculates (here: prompt-lookup, no draft on
+    disk beside the model), says so on stderr, and gives plain decoding's tokens."""
+    lone = tmp_path / "lone.gguf"
+    lone.write_bytes(tiny_models["target"].read_bytes())
+    common = (str(lone), "-p", "a b c a b c a b c", "-n", "24", "--temp", "0")
+    res = run_cli("run", *common, "--json")
+    assert res.exit_code == 0, res.stderr
+    auto = json.loads(res.stdout)
+    plain = _run_json(run_cli, *common, "--spec-type", "none")
+    assert auto["spec_type"] == "prompt-lookup" and plain["spec_type"] == "none"
+    assert auto["tokens"] == plain["tokens"]
+    assert "--spec-type none turns it off" in res.stderr

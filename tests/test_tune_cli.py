@@ -1,0 +1,176 @@
+"""`llamaspec tune` end to end on the tiny models, and what `run` / `batch` do with a stored config.
+
+Which configuration wins on a machine is timing: the real sweep is checked for its structure only.
+Where a test needs a known configuration, it stores one with the store's own `save`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from llamaspec.tune import store
+from llamaspec.tune.store import TunedConfig
+
+FAST = ("-n", "6", "-t", "1")
+
+
+@pytest.fixture(autouse=True)
+def config_dir(tmp_path, monkeypatch):
+    d = tmp_path / "cfg"
+    monkeypatch.setenv(store.ENV_CONFIG_DIR, str(d))
+    return d
+
+
+@pytest.fixture
+def pair(tiny_models, tmp_path):
+    """Copies of the tiny target and draft (tests change their files)."""
+    t, d = tmp_path / "target.gguf", tmp_path / "draft.gguf"
+    shutil.copy2(tiny_models["target"], t)
+    shutil.copy2(tiny_models["draft"], d)
+    return t, d
+
+
+@pytest.fixture
+def one_prompt(tmp_path):
+    p = tmp_path / "prompts.jsonl"
+    p.write_text(json.dumps({"id": "sea", "prompt": "Tell me about the sea. The sea, the sea."}) + "\n")
+    return p
+
+
+def _run(run_cli, *args):
+    r = run_cli("run", *args, "-p", "Tell me about the sea.", "--temp", "0", "--json", *FAST)
+    assert r.exit_code == 0, r.stderr
+    return r.json()
+
+
+def test_tune_stores_a_config_and_the_next_run_uses_it(run_cli, pair, one_prompt, config_dir):
+    t, d = pair
+    r = run_cli("tune", t, "--draft", d, "--prompts", one_prompt, "--quick", "--reps", "1", "--json", *FAST)
+    assert r.exit_code == 0, r.stderr
+    info = r.json()
+    assert {"config", "sweep", "stored", "store", "prompts", "n", "threads"} <= set(info)
+    assert info["stored"] is True and info["prompts"] == ["sea"] and info["n"] == 6
+    rounds = info["sweep"]["rounds"]
+    assert [x["name"] for x in rounds][0] == "coarse" and rounds[0]["candidates"]
+    specs = {c["spec_type"] for c in rounds[0]["candidates"]}
+    assert {"draft-simple", "ngram-mod", "ngram-mod,draft-simple"} <= specs
+    for c in rounds[0]["candidates"]:   # every measured run was checked against plain decoding
+        assert c["rejected"] is None or c["rejected"].startswith(("cannot run", "greedy tokens differ"))
+    cfg = info["config"]
+    assert cfg["spec_type"] in specs | {"none"} and cfg["created"]
+    assert "coarse round" in r.stderr   # progress on stderr, the JSON object alone on stdout
+
+    shown = run_cli("tune", "--show", "--json")
+    assert shown.exit_code == 0 and len(shown.json()["entries"]) == 1
+    entry = shown.json()["entries"][0]
+    assert entry["current"] is True and entry["config"]["spec_type"] == cfg["spec_type"]
+
+    after = _run(run_cli, t, "--draft", d)
+    assert after["tuned"] is not None and after["tuned"]["spec_type"] == cfg["spec_type"]
+    assert after["spec_type"] == cfg["spec_type"]
+    plain = _run(run_cli, t, "--spec-type", "none")   # an explicit spec type: the store is not used
+    assert plain["tuned"] is None and plain["tokens"] == after["tokens"]
+
+
+def test_run_applies_a_stored_config_and_flags_win(run_cli, pair):
+    t, d = pair
+    store.save(t, d, TunedConfig("ngram-mod", draft_max=7, ngram={"mod_n_match": 3}))
+    info = _run(run_cli, t, "--draft", d)
+    assert info["spec_type"] == "ngram-mod" and info["draft_model"] is None   # the draft is not needed
+    tuned = info["tuned"]
+    assert (tuned["spec_type"], tuned["draft_max"], tuned["ngram"], tuned["overridden"]) == (
+        "ngram-mod", 7, {"mod_n_match": 3}, [])
+    human = run_cli("run", t, "--draft", d, "-p", "hi", "--temp", "0", *FAST)
+    assert "tuned config from " in human.stderr and "spec ngram-mod, draft-max 7" in human.stderr
+
+    kept = _run(run_cli, t, "--draft", d, "--draft-max", "5", "--spec-ngram-mod-n-match", "4")
+    assert kept["tuned"]["overridden"] == ["draft-max", "mod-n-match"] and kept["spec_type"] == "ngram-mod"
+    other = _run(run_cli, t, "--draft", d, "--spec-type", "draft")
+    assert other["tuned"] is None and other["spec_type"] == "draft-simple"
+    alone = _run(run_cli, t)                    # the target without a draft: another pair, never tuned
+    assert alone["tuned"] is None and alone["spec_type"] == "none"
+
+
+def test_generator_gets_the_tuned_settings_and_explicit_ones(pair):
+    from llamaspec.generator import Generator
+
+    t, d = pair
+    store.save(t, d, TunedConfig("ngram-mod", draft_max=7, ngram={"mod_n_match": 3}))
+    with Generator(t, draft=d, temperature=0, threads=1, max_tokens=4) as g:
+        assert (g.options.spec_types, g.options.draft_max, g.options.ngram.mod_n_match) == (["ngram-mod"], 7, 3)
+        assert g.options.draft_path is None and g.spec_label == "ngram-mod"
+    with Generator(t, draft=d, temperature=0, threads=1, max_tokens=4, draft_max=5) as g:
+        assert (g.options.draft_max, g.options.ngram.mod_n_match) == (5, 3)
+    with Generator(t, draft=d, temperature=0, threads=1, max_tokens=4, tuned=False) as g:
+        assert g.tuned is None and g.options.spec_types == ["draft-simple"]
+
+
+def test_batch_uses_the_stored_config(run_cli, pair, tmp_path):
+    t, d = pair
+    store.save(t, d, TunedConfig("ngram-simple", draft_max=9))
+    inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(json.dumps({"id": "a", "prompt": "hi"}) + "\n")
+    r = run_cli("batch", t, inp, "-o", outp, "--draft", d, "--temp", "0", *FAST)
+    assert r.exit_code == 0, r.stderr
+    rec = json.loads(outp.read_text().splitlines()[0])
+    assert rec["spec_type"] == "ngram-simple" and rec["tuned"]["draft_max"] == 9
+
+
+def test_a_modified_model_file_is_not_given_its_old_config(run_cli, pair):
+    t, d = pair
+    store.save(t, d, TunedConfig("ngram-mod", draft_max=7))
+    st = t.stat()
+    os.utime(t, ns=(st.st_atime_ns, st.st_mtime_ns + 10_000_000_000))
+    info = _run(run_cli, t, "--draft", d)
+    assert info["tuned"] is None and info["spec_type"] == "draft-simple"
+    shown = run_cli("tune", "--show", "--json").json()["entries"]
+    assert len(shown) == 1 and shown[0]["current"] is False
+    assert "stale" in run_cli("tune", "--show").stdout
+
+
+def test_corrupt_store_warns_once_and_is_empty(run_cli, pair, config_dir):
+    t, d = pair
+    config_dir.mkdir()
+    (config_dir / "tune.json").write_bytes(b"\x00not json")
+    r = run_cli("run", t, "--draft", d, "-p", "hi", "--temp", "0", "--json", *FAST)
+    assert r.exit_code == 0 and r.json()["tuned"] is None
+    lines = [ln for ln in r.stderr.splitlines() if "tune.json" in ln]
+    assert len(lines) == 1 and lines[0].startswith("warning:") and "Traceback" not in r.stderr
+    s = run_cli("tune", "--show", "--json")
+    assert s.exit_code == 0 and s.json()["entries"] == []
+
+
+def test_show_and_forget(run_cli, pair, tmp_path):
+    t, d = pair
+    store.save(t, d, TunedConfig("ngram-mod", draft_max=7, ratio=1.8))
+    store.save(t, None, TunedConfig("ngram-simple"))
+    other = tmp_path / "other.gguf"
+    shutil.copy2(t, other)
+    os.utime(other, ns=(1, 1))   # another file identity
+    store.save(other, None, TunedConfig("none"))
+    table = run_cli("tune", "--show")
+    assert table.exit_code == 0
+    for word in ("target.gguf", "draft.gguf", "other.gguf", "spec ngram-mod, draft-max 7", "1.80x", "current"):
+        assert word in table.stdout
+    r = run_cli("tune", "--forget", t, "--json")
+    assert r.exit_code == 0 and r.json()["removed"] == 2
+    assert [e["target"]["path"] for e in run_cli("tune", "--show", "--json").json()["entries"]] == [
+        str(other.resolve())]
+    r = run_cli("tune", "--forget")
+    assert r.exit_code == 0 and "forgot 1 tuned configuration" in r.stdout
+    assert "no tuned configurations" in run_cli("tune", "--show").stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--show", "--forget"), "not both"),
+    ((), "no model to tune"),
+    (("X", "--draft", "auto"), "draft path or Hub ref"),
+    (("X", "--margin", "-1"), "--margin"),
+])
+def test_usage_errors(run_cli, args, needle):
+    r = run_cli("tune", *args)
+    assert r.exit_code == 2 and needle in r.stderr
