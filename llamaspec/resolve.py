@@ -87,7 +87,7 @@ def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool =
     label = "speculation" if local_only else "--draft auto"
     r.notes.append(f"{label}: {choice.reason}" + ("; --spec-type none turns it off" if local_only else ""))
     kinds = [choice.kind]                  # choice.kind is already llama.cpp's spec-type name
-    if needs_draft_model(kinds):
+    if needs_draft_model(kinds) or choice.path is not None:   # a draft file, or an MTP assistant
         r.draft_path = choice.path
         r.draft_ref = choice.label or str(choice.path)
         if choice.kind == DRAFT_MODEL_TYPE:

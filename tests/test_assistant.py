@@ -110,8 +110,6 @@ def test_auto_picks_the_assistant_beside_the_target(asst, tmp_path, isolated_hom
         "Gemma 4 assistant" in c.reason
 
 
-@pytest.mark.xfail(strict=True, reason="resolve._auto keeps choice.path only for kinds that need a draft "
-                                       "model; draft-mtp's assistant path is dropped (resolve.py, not ours)")
 def test_run_draft_auto_uses_the_assistant_beside_the_target(run_cli, asst, tmp_path, isolated_home):
     repo = tmp_path / "gemma-4-tiny-GGUF"
     target = _link(asst["gemma4_target"], repo / "gemma-4-tiny-F32.gguf")

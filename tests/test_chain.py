@@ -64,10 +64,12 @@ def test_order_by_priority_and_aliases():
     # usage errors: an unknown type lists the known ones; a known one llamaspec lacks says so
     with pytest.raises(UsageError, match="unknown speculative type 'nope'; known: none, ngram-simple"):
         parse_spec_types("ngram-mod,nope")
-    with pytest.raises(UsageError, match="'draft-eagle3' is not implemented by llamaspec yet") as e:
-        parse_spec_types(["draft-eagle3", "draft"])
-    assert e.value.hint == ("use one of: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, "
-                            "ngram-cache, prompt-lookup, draft-simple, draft-mtp")
+    # every type of llama.cpp's --spec-type list (common/speculative.cpp) is accepted
+    llama_cpp_list = ("none draft-simple draft-eagle3 draft-dflash draft-dspark draft-mtp ngram-cache "
+                      "ngram-simple ngram-map-k ngram-map-k4v ngram-mod").split()
+    for name in llama_cpp_list:
+        assert parse_spec_types(name) == ([] if name == "none" else [name])
+    assert {t.name for t in SPEC_TYPES.values() if t.in_llama_cpp} == set(llama_cpp_list)
 
 
 def test_first_non_empty_draft_wins_and_names_its_source():

@@ -226,3 +226,23 @@ def test_registry_models_carry_a_draft_kind(tmp_path):
         registry.load_family_file(_family(tmp_path, {"role": "draft", "kind": "eagle"}))
     with pytest.raises(RegistryError, match=r"tiny\.yaml:\d+: model 'd' of kind draft-dflash must have role draft"):
         registry.load_family_file(_family(tmp_path, {"role": "both", "kind": "draft-dflash"}))
+
+
+# ---- with real tiny drafts (the drafters of spec/drafters/eagle3.py, dflash.py) ---------------
+
+
+def test_run_draft_auto_takes_the_made_for_target_draft_and_stays_lossless(run_cli, test_models_dir, tmp_path,
+                                                                          isolated_home):
+    spec = pytest.importorskip("llamaspec.testing.tiny_spec_drafts")
+    m = spec.make_spec_draft_set(test_models_dir / "tiny-spec-drafts")
+    repo = tmp_path / "repo"
+    target = _link(m["bigram_target"], repo / "model.gguf")
+    _link(m["eagle3"], repo / "eagle3-model.gguf")
+    _link(m["dspark"], repo / "dspark-model.gguf")
+    common = (str(target), "-p", "the cat sat on", "-n", "24", "--temp", "0", "--raw", "--json", "-t", "1")
+    plain = run_cli("run", *common, "--spec-type", "none").json()
+    got = run_cli("run", *common, "--draft", "auto")
+    assert got.exit_code == 0, got.stderr
+    got = got.json()
+    assert got["spec_type"] == "draft-dspark" and got["draft_model"].endswith("dspark-model.gguf")  # DSpark first
+    assert got["tokens"] == plain["tokens"] and got["accepted"] > 0

@@ -252,7 +252,7 @@ def test_auto_finds_an_mtp_sidecar(tiny_models, tmp_path, isolated_home):
     side = _link(tiny_models["mtp"], tmp_path / "repo" / "mtp-model-F32.gguf")
     # Off by default: the MTP drafter only drives heads inside the target, so it is only noted.
     c = autodraft.choose_draft(str(target), offline=True, default_dirs=False)
-    assert c.kind == "ngram-mod" and any("MTP sidecar mtp-model-F32.gguf" in n for n in c.considered)
+    assert c.kind == "prompt-lookup" and any("MTP sidecar mtp-model-F32.gguf" in n for n in c.considered)
     c = autodraft.choose_draft(str(target), offline=True, mtp_sidecars=True)
     assert (c.kind, c.path, c.source) == ("draft-mtp", side, "sidecar")
 
@@ -272,7 +272,7 @@ def test_auto_skips_drafts_too_big_to_pay_off(tiny_models, tmp_path, isolated_ho
     _link(tiny_models["draft"], d / "draft.gguf")
     # The draft as target: the 4-layer "target" is compatible but bigger, so it is no draft for it.
     c = autodraft.choose_draft(str(tiny_models["draft"]), search_dirs=[tiny_models["target"].parent], offline=True)
-    assert c.kind == "ngram-mod" and "small enough" in c.reason
+    assert c.kind == "prompt-lookup" and "small enough" in c.reason
 
 
 def _tiny_registry(directory: Path, draft_entry: dict) -> None:
@@ -292,7 +292,7 @@ def test_auto_falls_back_to_ngram_offline(tiny_models, tmp_path, isolated_home, 
     monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(tmp_path / "pairings"))
     _tiny_registry(tmp_path / "pairings", {"repo": "test-org/tiny-draft-GGUF", "quant": "F32"})
     c = autodraft.choose_draft(str(tiny_models["target"]), offline=True)
-    assert c.kind == "ngram-mod" and c.path is None
+    assert c.kind == "prompt-lookup" and c.path is None
     assert "test-org/tiny-draft-GGUF:F32" in c.reason and "offline" in c.reason
     dry = autodraft.choose_draft(str(tiny_models["target"]), dry_run=True)
     assert dry.would_download and dry.label == "test-org/tiny-draft-GGUF:F32" and dry.path is None
@@ -323,7 +323,7 @@ def test_auto_downloads_the_registry_draft(tiny_models, tmp_path, isolated_home,
         tiny_models["variant_token_text"] if ref.startswith("test-org/") else ref))
     calls.clear()
     c = autodraft.choose_draft(str(tiny_models["target"]))
-    assert c.kind == "ngram-mod" and "does not match" in c.reason and not [x for x in calls if x[0] == "resolve"]
+    assert c.kind == "prompt-lookup" and "does not match" in c.reason and not [x for x in calls if x[0] == "resolve"]
 
 
 def test_auto_uses_a_registry_draft_from_an_installed_package(tiny_models, tmp_path, isolated_home, monkeypatch):
@@ -356,9 +356,9 @@ def test_auto_on_real_smollm2(smollm2_f16, smollm2_q4, tmp_path, isolated_home):
     _link(smollm2_q4, d / "q4.gguf")
     c = autodraft.choose_draft(str(smollm2_f16), search_dirs=[d], offline=True)
     assert (c.kind, c.source, c.path.name) == ("draft-simple", "disk", "q4.gguf")
-    # Nothing on disk and offline: SmolLM2 135M is the family's smallest, so n-gram drafting.
+    # Nothing on disk and offline: SmolLM2 135M is the family's smallest, so drafting from the text.
     c = autodraft.choose_draft(str(smollm2_q4), offline=True)
-    assert c.kind == "ngram-mod"
+    assert c.kind == "prompt-lookup"
 
 
 # ---- the registry step against the local test Hub (tests/hub_server.py) -----------------------
@@ -382,7 +382,7 @@ def test_auto_survives_an_unreachable_hub(tiny_models, tmp_path, hub_home, hub, 
     _tiny_registry(tmp_path / "pairings", {"repo": "org/draft", "quant": "Q4_K_M"})
     hub.stop()
     c = autodraft.choose_draft(str(tiny_models["target"]), default_dirs=False)
-    assert c.kind == "ngram-mod" and "org/draft:Q4_K_M" in c.reason
+    assert c.kind == "prompt-lookup" and "org/draft:Q4_K_M" in c.reason
 
 
 def test_check_and_pair_never_import_llama_cpp(tiny_models, tmp_path):

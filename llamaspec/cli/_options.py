@@ -186,6 +186,10 @@ NgramMapK4vSizeMOpt = Annotated[Optional[int], typer.Option(
 NgramMapK4vMinHitsOpt = Annotated[Optional[int], typer.Option(
     "--spec-ngram-map-k4v-min-hits", help="ngram-map-k4v: lookups of a key before it drafts (1).")]
 
+LookupNMinOpt = Annotated[Optional[int], typer.Option(
+    "--spec-prompt-lookup-n-min", help="prompt-lookup (llamaspec's own): shortest match to draft after (2).")]
+LookupNMaxOpt = Annotated[Optional[int], typer.Option(
+    "--spec-prompt-lookup-n-max", help="prompt-lookup: match length counted up to this (16).")]
 
 LookupCacheStaticOpt = Annotated[Optional[Path], typer.Option(
     "-lcs", "--lookup-cache-static", help="ngram-cache: n-gram cache file to draft from, read only "
@@ -214,22 +218,27 @@ def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, 
                  mod_max: int | None, map_k_size_n: int | None = None, map_k_size_m: int | None = None,
                  map_k_min_hits: int | None = None, map_k4v_size_n: int | None = None,
                  map_k4v_size_m: int | None = None, map_k4v_min_hits: int | None = None,
-                 cache_static: Path | None = None, cache_dynamic: Path | None = None) -> NgramParams:
+                 cache_static: Path | None = None, cache_dynamic: Path | None = None,
+                 lookup_n_min: int | None = None, lookup_n_max: int | None = None) -> NgramParams:
     """NgramParams from the --spec-ngram-* and --lookup-cache-* flags, checked; unset flags keep
     the defaults."""
     check_cache_files(cache_static, cache_dynamic)
     given = {"simple_size_n": size_n, "simple_size_m": size_m, "mod_n_match": mod_match,
              "mod_n_min": mod_min, "mod_n_max": mod_max, "map_k_size_n": map_k_size_n,
              "map_k_size_m": map_k_size_m, "map_k_min_hits": map_k_min_hits, "map_k4v_size_n": map_k4v_size_n,
-             "map_k4v_size_m": map_k4v_size_m, "map_k4v_min_hits": map_k4v_min_hits}
+             "map_k4v_size_m": map_k4v_size_m, "map_k4v_min_hits": map_k4v_min_hits,
+             "lookup_n_min": lookup_n_min, "lookup_n_max": lookup_n_max}
     for name, value in given.items():
-        at_least(f"--spec-ngram-{name.replace('_', '-')}", 1)(value)
+        flag = (f"--spec-prompt-{name}" if name.startswith("lookup_") else f"--spec-ngram-{name}").replace("_", "-")
+        at_least(flag, 1)(value)
     for name in ("simple_size_m", "mod_n_max", "map_k_size_m", "map_k4v_size_m"):  # draft lengths: one verify batch
         check_draft_length(given[name], f"--spec-ngram-{name.replace('_', '-')}")
     params = replace(NgramParams(), **{k: v for k, v in given.items() if v is not None},
                      cache_static=cache_static, cache_dynamic=cache_dynamic)
     if params.mod_n_min > params.mod_n_max:
         raise UsageError("--spec-ngram-mod-n-min must not exceed --spec-ngram-mod-n-max")
+    if params.lookup_n_min > params.lookup_n_max:
+        raise UsageError("--spec-prompt-lookup-n-min must not exceed --spec-prompt-lookup-n-max")
     return params
 
 
@@ -242,5 +251,6 @@ ngram_flags = _flag_group(
               "map_k4v_size_n": (NgramMapK4vSizeNOpt, None), "map_k4v_size_m": (NgramMapK4vSizeMOpt, None),
               "map_k4v_min_hits": (NgramMapK4vMinHitsOpt, None),
               "lookup_cache_static": (LookupCacheStaticOpt, None),
-              "lookup_cache_dynamic": (LookupCacheDynamicOpt, None)},
+              "lookup_cache_dynamic": (LookupCacheDynamicOpt, None),
+              "lookup_n_min": (LookupNMinOpt, None), "lookup_n_max": (LookupNMaxOpt, None)},
     lambda **flags: ngram_params(*flags.values()))  # (the values come in the order declared above)

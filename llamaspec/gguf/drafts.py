@@ -173,7 +173,10 @@ def fit_checks(target: GGUFHeader, draft: GGUFHeader, info: DraftInfo) -> list[C
         out.append(("target_arch", ok, target.architecture, info.target_architecture,
                     f"target is {target.architecture}" + ("" if ok else
                     f"; a {info.architecture} draft needs a {info.target_architecture} target")))
-    want, have = info.target_hidden_size, n_embd_out(target)
+    # llama.cpp compares the assistant with llama_model_n_embd_out(target), and feeds EAGLE-3 /
+    # DFlash llama_model_n_embd(target)-wide hidden states
+    have = n_embd_out(target) if info.kind == "draft-mtp" else _int(target.arch_get("embedding_length"))
+    want = info.target_hidden_size
     out.append(("hidden_size", want is not None and want == have, have, want,
                 f"{have} (target) vs {want} (trained for)" if want is not None
                 else f"the draft does not record the target's hidden size (target {have})"))

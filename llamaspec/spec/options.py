@@ -81,6 +81,8 @@ SPEC_TYPES: dict[str, SpecType] = {t.name: t for t in (
     SpecType("draft-simple", 6, aliases=("draft",), needs_draft_model=True, draft_max=DRAFT_MAX_MODEL,
              native_flags=(("-md", "draft_path"), ("--spec-draft-n-max", "native_draft_max")), implemented=True),
     SpecType("draft-eagle3", 7, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL, implemented=True),
+    # draft-mtp: the target's own NextN heads, or (with --draft) a Gemma 4 assistant GGUF whose MTP
+    # layers share the target's KV (drafters/assistant.py); the draft file is optional, so not needs_draft_model
     SpecType("draft-mtp", 8, aliases=("mtp",), loads_mtp_layers=True, draft_max=DRAFT_MAX_MODEL, implemented=True),
     SpecType("draft-dflash", 9, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL, implemented=True),
     SpecType("draft-dspark", 10, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL, implemented=True),

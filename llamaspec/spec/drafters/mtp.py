@@ -21,8 +21,8 @@ Keeping the MTP context in step with the sequence:
   chain (computed from the MTP's own h, not the target's) are removed right after drafting.
 * `llama_get_ctx_other` is NULL for most architectures (mimo2, qwen35...): the MTP context has a KV
   cache of its own for the NextN layer. When it shares the target's memory (a Gemma 4 assistant,
-  `heads=` another model: assistant.py) nothing
-  is caught up and every draft step reuses the position of the last token, as llama.cpp does.
+  `heads=` another model: assistant.py) nothing is caught up and every draft step reuses the
+  position of the last token, as llama.cpp does.
 * Several NextN layers ("chained heads", step35-style): step i runs head i over the whole draft
   prefix, and catch-up batches are decoded once per head; n_max is capped at the number of heads.
 
