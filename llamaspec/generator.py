@@ -73,12 +73,14 @@ class Generator:
     Sampling (temperature 0 = greedy), max_tokens and stop are defaults that each request may
     override. Everything else is fixed for the Generator's life (models load once). tuned: apply
     the configuration `llamaspec tune` stored for these files (settings given here win, one by one).
+    n_gpu_layers / n_gpu_layers_draft: layers on the GPU, -1 all; None (default) offloads what fits
+    in device memory, as llama.cpp does (`self.pipeline.offload` says what was chosen and why).
     """
 
     def __init__(self, model: str | Path | None = None, *, draft: str | Path | None = None,
                  spec_type: str | None = None, draft_max: int | None = None, draft_min: int = 0,
                  draft_p_min: float = 0.0, adaptive: bool = True, ctx_size: int | None = None,
-                 threads: int | None = None, n_gpu_layers: int = 0, n_gpu_layers_draft: int = 0,
+                 threads: int | None = None, n_gpu_layers: int | None = None, n_gpu_layers_draft: int | None = None,
                  amx: bool | None = None, ngram=None, parallel: int = 1,
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int | None = None,

@@ -18,6 +18,17 @@ from llamaspec.testing.tiny_models import GENERATOR_VERSION, make_tiny_set
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# ---- isolation ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _own_tune_store(tmp_path_factory, monkeypatch):
+    """Every test gets an empty `tune` store: a developer's stored configurations must not change
+    what `run` does in a test (tests that need one save it themselves)."""
+    if "LLAMASPEC_CONFIG_DIR" not in os.environ or os.environ.get("LLAMASPEC_TEST_KEEP_CONFIG") != "1":
+        monkeypatch.setenv("LLAMASPEC_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
+
+
 # ---- models ------------------------------------------------------------------------------------
 
 

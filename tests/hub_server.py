@@ -4,6 +4,11 @@ Implements what huggingface_hub 2.x needs of a Hub: model info with siblings, tr
 /resolve/ with ETag, X-Repo-Commit and Range (206), X-Error-Code errors. Switches: cut a file's
 GET after N bytes, gated and private repos, redirecting downloads to a "CDN" on another origin
 (localhost instead of 127.0.0.1), and a log of every request with the bytes sent.
+
+Hostile switches (tests/test_hub_hardening.py): any file name in a listing (`add_repo` takes them
+as given: '../x.gguf', NUL, '/abs'), and `tamper`: serve other bytes than the listing's size and
+sha256 describe (truncated, longer, same size but corrupt), list a wrong size, send a hostile
+ETag; `bad_commit` makes model info answer with a hostile commit id.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ OTHER_TOKEN = "hf_test_token_no"  # a valid token without access to gated repos
 
 @dataclass
 class Blob:
-    data: bytes
+    data: bytes                  # what the listing, HEAD and ETag describe
     sha256: str
+    serve: bytes | None = None   # what a GET actually sends, if not `data` (tamper)
+    listed_size: int | None = None  # the size the listing claims, if not len(data)
+    etag: str | None = None      # the ETag sent, if not the sha256
 
 
 @dataclass
@@ -35,6 +43,7 @@ class Repo:
     commits: dict[str, dict[str, Blob]] = field(default_factory=dict)
     gated: bool = False
     private: bool = False
+    bad_commit: str | None = None  # model info's "sha", if not the real commit (a hostile Hub)
 
 
 @dataclass
@@ -53,6 +62,10 @@ class Cut:
     after: int             # bytes of body sent before hanging up
     times: int = 1
     then_down: bool = False  # after cutting, hang up on every request until `down` is cleared
+
+
+def _size(b: Blob) -> int:
+    return len(b.data) if b.listed_size is None else b.listed_size
 
 
 def _commit_id(repo_id: str, n: int) -> str:
@@ -85,6 +98,13 @@ class HubServer:
         repo.commits[commit] = blobs
         repo.branches[branch] = commit
         return commit
+
+    def tamper(self, repo_id: str, path: str, *, serve: bytes | None = None, listed_size: int | None = None,
+               etag: str | None = None, branch: str = "main") -> None:
+        """Make `path` misbehave: GET sends `serve`, the listing claims `listed_size`, HEAD sends `etag`."""
+        repo = self.repos[repo_id]
+        blob = repo.commits[repo.branches[branch]][path]
+        blob.serve, blob.listed_size, blob.etag = serve, listed_size, etag
 
     # ---- switches and counters -------------------------------------------------------------------
     def cut(self, match: str, after: int, times: int = 1, then_down: bool = False) -> None:
@@ -253,10 +273,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             blobs = repo.commits[commit]
             return self._json(req, {
-                "id": repo.repo_id, "modelId": repo.repo_id, "sha": commit, "private": repo.private,
-                "gated": "manual" if repo.gated else False, "tags": ["gguf"],
-                "siblings": [{"rfilename": p, "size": len(b.data), "blobId": hashlib.sha1(b.data).hexdigest(),
-                              "lfs": {"size": len(b.data), "sha256": b.sha256, "pointerSize": 134}}
+                "id": repo.repo_id, "modelId": repo.repo_id, "sha": repo.bad_commit or commit,
+                "private": repo.private, "gated": "manual" if repo.gated else False, "tags": ["gguf"],
+                "siblings": [{"rfilename": p, "size": _size(b), "blobId": hashlib.sha1(b.data).hexdigest(),
+                              "lfs": {"size": _size(b), "sha256": b.sha256, "pointerSize": 134}}
                              for p, b in sorted(blobs.items())],
             })
         if rest[0] == "tree" and len(rest) >= 2:
@@ -280,20 +300,21 @@ class _Handler(BaseHTTPRequestHandler):
         blob = repo.commits[commit].get(path)
         if blob is None:
             return self._error(req, 404, "EntryNotFound", f"{path} does not exist", {"X-Repo-Commit": commit})
-        meta = {"X-Repo-Commit": commit, "ETag": f'"{blob.sha256}"', "Accept-Ranges": "bytes"}
+        meta = {"X-Repo-Commit": commit, "ETag": f'"{blob.etag or blob.sha256}"', "Accept-Ranges": "bytes"}
         if self.hub.redirect_to_cdn:
             # Another origin (localhost vs 127.0.0.1), like the Hub's CDN: metadata rides on the redirect.
             location = f"http://localhost:{self.hub.port}/cdn/{blob.sha256}"
             return self._send(req, 302, b"", {**meta, "Location": location, "X-Linked-Etag": f'"{blob.sha256}"',
                                               "X-Linked-Size": len(blob.data)})
-        self._body(req, blob.data, meta)
+        self._body(req, blob.serve if blob.serve is not None and self.command == "GET" else blob.data, meta)
 
     def _cdn(self, req: Request, sha: str) -> None:
         for repo in self.hub.repos.values():
             for blobs in repo.commits.values():
                 for b in blobs.values():
                     if b.sha256 == sha:
-                        return self._body(req, b.data, {"ETag": f'"{sha}"', "Accept-Ranges": "bytes"})
+                        data = b.serve if b.serve is not None and self.command == "GET" else b.data
+                        return self._body(req, data, {"ETag": f'"{sha}"', "Accept-Ranges": "bytes"})
         self._error(req, 404, "NotFound", "no such blob")
 
     def _body(self, req: Request, data: bytes, headers: dict) -> None:

@@ -38,8 +38,34 @@ StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop strin
 CtxSizeOpt = Annotated[Optional[int], typer.Option(
     "-c", "--ctx-size", help="Context size in tokens (default 4096, capped at the model's training "
                              "context; 0: the training context).", callback=CTX_SIZE_CHECK)]
-NglOpt = Annotated[int, typer.Option("-ngl", "--n-gpu-layers", help="Target layers on the GPU.")]
-NgldOpt = Annotated[int, typer.Option("-ngld", "--n-gpu-layers-draft", help="Draft layers on the GPU.")]
+
+
+def _gpu_layers(flag: str):
+    """N, -1 or 'all' (every layer), 'auto' (None: what fits, decided at load by runtime/offload.py)."""
+    def parse(value: str | None) -> int | None:
+        if value is None or value.strip().lower() == "auto":
+            return None
+        if value.strip().lower() == "all":
+            return -1
+        try:
+            n = int(value)
+        except ValueError:
+            raise UsageError(f"{flag} takes a number of layers, 'auto' or 'all', not {value!r}") from None
+        if n < -1:
+            raise UsageError(f"{flag} must be >= -1", "-1 (or 'all') means every layer")
+        return n
+
+    return parse
+
+
+NglOpt = Annotated[Optional[str], typer.Option(
+    "-ngl", "--n-gpu-layers", "--gpu-layers", metavar="N|auto|all", callback=_gpu_layers("-ngl"),
+    help="Target layers on the GPU; -1 or all: every layer. Default auto: as many as fit in device memory "
+         "beside the draft (llama.cpp's fit; 0 on CPU-only builds).")]
+NgldOpt = Annotated[Optional[str], typer.Option(
+    "-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "--spec-draft-ngl", metavar="N|auto|all",
+    callback=_gpu_layers("-ngld"),
+    help="Draft layers on the GPU; -1 or all: every layer. Default auto: all if they fit.")]
 SystemOpt = Annotated[Optional[str], typer.Option("--system", help="System message (chat mode).")]
 SearchOpt = Annotated[Optional[list[Path]], typer.Option("--search", help="Also look here for drafts (--draft auto).")]
 
@@ -64,7 +90,7 @@ generation_flags = _flag_group("gen", {
     "n_predict": (NPredictOpt, 256), "temp": (TempOpt, 0.8), "top_k": (TopKOpt, 40), "top_p": (TopPOpt, 0.95),
     "min_p": (MinPOpt, 0.05), "repeat_penalty": (RepeatPenaltyOpt, 1.0), "repeat_last_n": (RepeatLastNOpt, 64),
     "seed": (SeedOpt, None), "stop": (StopOpt, None), "ctx_size": (CtxSizeOpt, None), "threads": (ThreadsOpt, None),
-    "ngl": (NglOpt, 0), "ngld": (NgldOpt, 0), "amx": (AmxOpt, None), "chat": (ChatOpt, None),
+    "ngl": (NglOpt, None), "ngld": (NgldOpt, None), "amx": (AmxOpt, None), "chat": (ChatOpt, None),
     "system": (SystemOpt, None), "offline": (OfflineOpt, False), "force_draft": (ForceDraftOpt, False),
     "search": (SearchOpt, None),
 }, _generator_kwargs)

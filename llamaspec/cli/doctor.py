@@ -30,6 +30,13 @@ def _render(info: dict, console) -> None:
         link = (amx["avoid_amx"] or amx["cpu_has_amx"] or amx["amx_weight_buffer"]) and amx["issue"] not in amx["reason"]
         t.add_row("AMX policy", amx["reason"] + (f" ({amx['issue']})" if link else ""))
     t.add_row("GPU offload", "[green]yes[/green]" if info["gpu_offload"] else "[yellow]no (CPU-only build)[/yellow]")
+    off = info.get("offload")
+    if off:
+        for d in off["devices"]:
+            mem = (f"{d['free'] / 2**30:.1f} GiB free of {d['total'] / 2**30:.1f} GiB" if d["total"]
+                   else "memory not reported")
+            t.add_row("memory", f"{d['name']} ({d['type']}) {mem}")
+        t.add_row("-ngl/-ngld", off["auto"] + (f" ({off['error']})" if off["error"] else ""))
     console.print(t)
     if info["gpu_build_commands"]:
         console.print("\nFor GPU offload (-ngl / -ngld), reinstall llama-cpp-python with your backend:")

@@ -62,6 +62,7 @@ def run(
         out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")
         placed = g.pipeline.target.buffers  # the policy the load applied, not a second decision
         out.detail(placed.decision.reason + (f"; {placed.note}" if placed.note else ""))
+        out.detail(f"GPU offload: {g.pipeline.offload.reason}")   # -ngl/-ngld as loaded (runtime/offload.py)
         on_text = None if out.json else _streamer(out, color)
         result = g.generate(text, on_text=on_text)
         n_ctx_used = g.n_ctx

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from llamaspec.errors import ModelFileError
+from llamaspec.gguf.checks import corrupt as _corrupt, _data_start, check_metadata, data_end
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
@@ -60,7 +61,8 @@ GGML_TYPES = {
 }
 
 _MAX_ITEMS = 1 << 31  # sanity bound: a corrupt count must not make us allocate forever
-
+_MAX_STRING = 1 << 30  # bound for a string when the stream's size is unknown
+_MAX_READ = 1 << 26    # one read from the stream never asks for more than this (64 MiB)
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -88,6 +90,17 @@ class GGUFHeader:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
+
+    def missing_data(self) -> str | None:
+        """What is missing when the file is shorter than its tensor data says; None if complete
+        (or the file's size is unknown)."""
+        if self.file_size is None or not self.tensors:
+            return None
+        end, last = data_end(self.tensors, self.metadata, self.bytes_read)
+        if end <= self.file_size:
+            return None
+        return (f"truncated GGUF: {self.source} is {self.file_size:,} bytes but its tensor data runs to byte "
+                f"{end:,} (tensor {last!r}): the header is complete, the weights are cut off")
 
     def arch_get(self, suffix: str, default: Any = None) -> Any:
         """An `<arch>.<suffix>` key, e.g. arch_get("context_length")."""
@@ -141,32 +154,51 @@ class GGUFHeader:
 
 
 class _Reader:
-    """Pulls bytes from a stream on demand into a buffer; counts what it fetched."""
+    """Pulls bytes from a stream on demand into a buffer; counts what it fetched.
 
-    def __init__(self, stream: BinaryIO, source: str, chunk: int):
+    `size` (the file's size, when known) bounds every length and count before anything is
+    allocated, so a corrupt count fails at once instead of reading or allocating gigabytes.
+    `where` names the field being read, for the error messages."""
+
+    def __init__(self, stream: BinaryIO, source: str, chunk: int, size: int | None = None):
         self.stream = stream
         self.source = source
         self.chunk = chunk
+        self.size = size
         self.buf = b""
         self.pos = 0
         self.fetched = 0
+        self.where = "the header"
 
     def _fill(self, need: int) -> None:
         """Make at least `need` unread bytes available, or fail as truncated."""
         parts = [self.buf[self.pos:]]
         have = len(parts[0])
         while have < need:
-            data = self.stream.read(max(self.chunk, need - have))
+            data = self.stream.read(max(self.chunk, min(need - have, _MAX_READ)))
             if not data:
+                self.fetched += have - len(parts[0])
                 raise ModelFileError(
-                    f"truncated GGUF: {self.source} ends after {self.fetched} bytes, inside its header",
+                    f"truncated GGUF: {self.source} ends at byte {self.fetched}, inside {self.where}",
                     "the file is incomplete; download it again",
                 )
-            self.fetched += len(data)
             parts.append(data)
             have += len(data)
+        self.fetched += have - len(parts[0])
         self.buf = b"".join(parts)
         self.pos = 0
+
+    def corrupt(self, what: str, at: int | None = None) -> ModelFileError:
+        return _corrupt(self.source, f"{what} (byte {self.offset if at is None else at}, {self.where})")
+
+    def _room(self, n: int, what: str, at: int) -> None:
+        """Fail before reading `n` bytes that cannot be there."""
+        if self.size is not None and at + n > self.size:
+            raise ModelFileError(
+                f"truncated or corrupt GGUF: {self.source} is {self.size:,} bytes, but {what} at byte {at:,} "
+                f"claims {n:,} bytes ({self.where})",
+                "the file is incomplete or damaged; download it again",
+            )
 
     def take(self, n: int) -> bytes:
         if self.pos + n > len(self.buf):
@@ -181,11 +213,20 @@ class _Reader:
     def u64(self) -> int:
         return U64.unpack(self.take(8))[0]
 
-    def string(self) -> str:
+    def string(self, strict: bool = False) -> str:
+        """A string; `strict` (keys and tensor names) refuses bytes that are not UTF-8."""
+        at = self.offset
         n = self.u64()
-        if n > (1 << 30):
-            raise _corrupt(self.source, f"string of {n} bytes")
-        return self.take(n).decode("utf-8", errors="surrogateescape")
+        if n > _MAX_STRING and self.size is None:
+            raise self.corrupt(f"string of {n} bytes", at)
+        self._room(n, "the string", at)
+        data = self.take(n)
+        if not strict:
+            return data.decode("utf-8", errors="surrogateescape")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.corrupt(f"{data[:40]!r} is not valid UTF-8", at) from None
 
     def strings(self, count: int) -> list[str]:
         """A string array; the hot loop for 100k+ token vocabularies, so it works on the buffer."""
@@ -207,8 +248,9 @@ class _Reader:
                 need = 8
                 if pos + 8 <= end:
                     need = 8 + unpack(buf, pos)[0]
-                    if need > (1 << 30):
-                        raise _corrupt(self.source, "string too long")
+                    if need > _MAX_STRING and self.size is None:
+                        raise self.corrupt(f"string {len(out)} of {need - 8} bytes")
+                    self._room(need - 8, f"string {len(out)} of the array", self.offset)
                 self._fill(need)
         return out
 
@@ -219,68 +261,88 @@ class _Reader:
         if vtype == T_STRING:
             return self.string()
         if vtype == T_ARRAY:
+            at = self.offset
             etype = self.u32()
             count = self.u64()
+            if etype == T_ARRAY:  # llama.cpp's reader refuses them too; no recursion on hostile input
+                raise self.corrupt("array of arrays", at)
+            if etype != T_STRING and etype not in _ARRAY_CODES:
+                raise self.corrupt(f"unknown array element type {etype}", at)
+            item = 8 if etype == T_STRING else SCALAR_TYPES[etype].size
             if count > _MAX_ITEMS:
-                raise _corrupt(self.source, f"array of {count} items")
+                raise self.corrupt(f"array of {count} items", at)
+            self._room(count * item, f"the array of {count:,} items", at)
             if etype == T_STRING:
                 return self.strings(count)
-            if etype == T_ARRAY:
-                return [self.value(T_ARRAY) for _ in range(count)]
-            if etype not in _ARRAY_CODES:
-                raise _corrupt(self.source, f"unknown array element type {etype}")
-            code = _ARRAY_CODES[etype]
-            arr = array.array(code)
+            arr = array.array(_ARRAY_CODES[etype])
             arr.frombytes(self.take(count * arr.itemsize))
             if sys.byteorder != "little":
                 arr.byteswap()
             return arr
-        raise _corrupt(self.source, f"unknown value type {vtype}")
+        raise self.corrupt(f"unknown value type {vtype}", self.offset - 4)
 
     @property
     def offset(self) -> int:
         return self.fetched - (len(self.buf) - self.pos)
 
 
-def _corrupt(source: str, what: str) -> ModelFileError:
-    return ModelFileError(f"corrupt GGUF header in {source}: {what}", "the file is damaged; download it again")
-
-
 def read_header(stream: BinaryIO, *, source: str = "<stream>", chunk: int = 1 << 20,
                 file_size: int | None = None) -> GGUFHeader:
     """Parse a GGUF header from `stream`, reading only as far as the end of the tensor infos."""
-    r = _Reader(stream, source, chunk)
+    r = _Reader(stream, source, chunk, file_size)
     try:
         magic = r.take(4)
     except ModelFileError:
         raise ModelFileError(f"not a GGUF file: {source} is empty or too short", "give a .gguf model file") from None
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"not a GGUF file: {source} (starts with {magic!r})", "give a .gguf model file")
+    r.where = "the header's version and counts"
     version = r.u32()
     if version not in GGUF_VERSIONS:
         raise ModelFileError(
-            f"unsupported GGUF version {version} in {source}", "convert the model with a current llama.cpp"
+            f"unsupported GGUF version {version} in {source} (llama.cpp reads versions 2 and 3)",
+            "convert the model with a current llama.cpp",
         )
     n_tensors, n_kv = r.u64(), r.u64()
-    if n_tensors > _MAX_ITEMS or n_kv > _MAX_ITEMS:
-        raise _corrupt(source, f"{n_tensors} tensors / {n_kv} keys")
+    for count, at, what in ((n_tensors, 8, "tensors"), (n_kv, 16, "keys")):
+        if count > _MAX_ITEMS or (file_size is not None and count > file_size):
+            raise r.corrupt(f"{count:,} {what} declared", at)
+    # Each key takes at least 13 bytes (length, type, one byte of value), each tensor info 24.
+    if file_size is not None and 24 + 24 * n_tensors + 13 * n_kv > file_size:
+        raise ModelFileError(
+            f"truncated GGUF: {source} is {file_size:,} bytes, too short for the {n_tensors} tensors and "
+            f"{n_kv} keys its header declares (counts at byte 8)", "the file is incomplete; download it again")
     metadata: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key = r.string()
+    for i in range(n_kv):
+        r.where = f"key #{i}"
+        key = r.string(strict=True)
+        r.where = f"key #{i} {key!r}"
+        if key in metadata:
+            raise r.corrupt("the key appears twice")
         metadata[key] = r.value(r.u32())
+    check_metadata(metadata, source)
     tensors = []
-    for _ in range(n_tensors):
-        name = r.string()
+    names: set[str] = set()
+    for j in range(n_tensors):
+        r.where = f"tensor info #{j}"
+        name = r.string(strict=True)
+        r.where = f"tensor info #{j} {name!r}"
+        if name in names:
+            raise r.corrupt("the tensor name appears twice")
+        names.add(name)
         n_dims = r.u32()
         if n_dims > MAX_DIMS:
-            raise _corrupt(source, f"tensor {name!r} with {n_dims} dimensions")
+            raise r.corrupt(f"{n_dims} dimensions", r.offset - 4)
         shape = tuple(r.u64() for _ in range(n_dims))
         tensors.append(TensorInfo(name, shape, r.u32(), r.u64()))
     return GGUFHeader(version, metadata, tensors, r.offset, source, file_size)
 
 
 def read_file(path: str | os.PathLike[str]) -> GGUFHeader:
-    """Read the header of a local GGUF file, with clear errors for missing or damaged files."""
+    """Read the header of a local GGUF file, with clear errors for missing or damaged files.
+
+    A file whose header is complete but whose tensor data is cut off is returned (header-only
+    commands work on it); `header.missing_data()` says what is missing, `require_data` raises."""
     p = Path(path)
     if not p.exists():
         raise ModelFileError(f"model file not found: {p}", "check the path, or give a Hub reference org/repo:QUANT")
@@ -288,14 +350,14 @@ def read_file(path: str | os.PathLike[str]) -> GGUFHeader:
         raise ModelFileError(f"{p} is a directory, not a GGUF file", "give the path of a .gguf file")
     size = p.stat().st_size
     with open(p, "rb") as f:
-        header = read_header(f, source=str(p), file_size=size)
-    # A header that claims tensor data beyond the end of the file means a cut-off download.
-    claimed = last_tensor_start(header.tensors, header.metadata, header.bytes_read)
-    if claimed > size:
-        raise ModelFileError(
-            f"truncated GGUF: {p} is {size} bytes but its tensors extend past {claimed}",
-            "the file is incomplete; download it again",
-        )
+        return read_header(f, source=str(p), file_size=size)
+
+
+def require_data(header: GGUFHeader) -> GGUFHeader:
+    """Raise if the file is shorter than its tensor data (a cut-off download)."""
+    missing = header.missing_data()
+    if missing:
+        raise ModelFileError(missing, "the file is incomplete; download it again")
     return header
 
 
@@ -306,6 +368,6 @@ def last_tensor_start(tensors: list[TensorInfo], metadata: dict[str, Any], heade
     """
     if not tensors:
         return 0
-    alignment = int(metadata.get("general.alignment", 32) or 32)
-    data_start = -(-header_end // alignment) * alignment
-    return data_start + max(t.offset for t in tensors)
+    return _data_start(metadata, header_end) + max(t.offset for t in tensors)
+
+

@@ -30,8 +30,10 @@ from typing import Any
 
 from llamaspec.gguf.header import (
     _ARRAY_CODES, GGUF_MAGIC, GGUF_VERSIONS, MAX_DIMS, SCALAR_TYPES, T_ARRAY, T_STRING, U32, U64, GGUFHeader,
-    TensorInfo, last_tensor_start,
+    TensorInfo,
 )
+from llamaspec.gguf.checks import check_metadata, data_end
+from llamaspec.errors import ModelFileError
 from llamaspec.gguf.vocab import VOCAB_TYPES
 
 _u32, _u64 = U32.unpack_from, U64.unpack_from
@@ -80,9 +82,7 @@ def _skip_value(mm: Any, vtype: int, pos: int, end: int) -> int:
             return pos + count * _SIZES[etype]
         if etype == T_STRING:
             return _skip_strings(mm, pos, count, end)
-        for _ in range(count):
-            pos = _skip_value(mm, etype, pos, end)
-        return pos
+        raise ValueError(f"array of GGUF type {etype}")  # arrays of arrays: llama.cpp refuses them too
     raise ValueError(f"unknown GGUF type {vtype}")
 
 
@@ -220,6 +220,8 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
     pos = 24
     for _ in range(n_kv):
         key, pos = _str(mm, pos)
+        if key in meta:
+            return None  # a duplicate key: the full parser names it
         vtype = _u32(mm, pos)[0]
         pos += 4
         scalar = SCALAR_TYPES.get(vtype)
@@ -262,6 +264,10 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
             return None
     if meta.get("tokenizer.ggml.model") in _FAST_SKIP_MODELS:
         return None
+    try:
+        check_metadata(meta, str(path))
+    except ModelFileError:
+        return None  # a key of the wrong type: the full parser names it
     tensors = []
     for _ in range(n_tensors):
         name, pos = _str(mm, pos)
@@ -272,6 +278,6 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
         pos += 4 + 8 * n_dims
         tensors.append(TensorInfo(name, tuple(shape), _u32(mm, pos)[0], _u64(mm, pos + 4)[0]))
         pos += 12
-    if pos > end or last_tensor_start(tensors, meta, pos) > end:
-        return None  # a cut-off download: let the full parser report it
+    if pos > end or len({t.name for t in tensors}) < len(tensors) or data_end(tensors, meta, pos)[0] > end:
+        return None  # a cut-off download or a damaged file: let the full parser report it
     return GGUFHeader(version, meta, tensors, pos, str(path), end)

@@ -90,7 +90,7 @@ def pull(ref: str | HubRef, *, update: bool = False, offline: bool = False,
          progress: Progress | None = None) -> Pulled:
     """Make the model `ref` means present in the HF cache (cache first unless `update`); a
     download reports to `progress` (else to the one installed, see download.install_progress)."""
-    from llamaspec.hub import download, remote, select
+    from llamaspec.hub import download, remote
     from llamaspec.hub.failures import not_cached_offline
 
     hub = _hub_ref(ref)
@@ -103,7 +103,7 @@ def pull(ref: str | HubRef, *, update: bool = False, offline: bool = False,
         if offline:
             raise not_cached_offline(hub)
     listing = remote.list_repo(hub)
-    files = select.choose(listing.files, hub.quant, hub.path, f"{hub.repo_id}@{hub.rev}")
+    files = remote.choose(listing)
     paths, downloaded = download.fetch(listing, files, progress=progress)
     return Pulled(hub, listing.commit, files, paths, listing.size(files), downloaded)
 
@@ -124,7 +124,7 @@ def read_model_header(ref: str, *, offline: bool = False) -> GGUFHeader:
     target = classify(ref)
     if isinstance(target, Path):
         return read_file(target)
-    from llamaspec.hub import remote, select
+    from llamaspec.hub import remote
     from llamaspec.hub.failures import not_cached_offline
 
     offline = offline or remote.offline_env()
@@ -136,7 +136,7 @@ def read_model_header(ref: str, *, offline: bool = False) -> GGUFHeader:
     if offline:
         raise not_cached_offline(target)
     listing = remote.list_repo(target)
-    files = select.choose(listing.files, target.quant, target.path, f"{target.repo_id}@{target.rev}")
+    files = remote.choose(listing)
     header, reader = remote.read_remote_header(listing, files[0])
     header.file_size = listing.size(files)
     log.info("%s: header read from the Hub with %d ranged request(s), %s of %s bytes",

@@ -55,12 +55,23 @@ def snapshot_files(snapshot: Path) -> list[str]:
     out = []
     if not snapshot.is_dir():
         return out
+    folder = snapshot.parent.parent
     for dirpath, _dirs, names in os.walk(snapshot):
         for name in names:
             full = Path(dirpath) / name
-            if full.exists():  # follows the symlink to the blob
+            if present(full, folder):  # follows the symlink to the blob (blobs/ may link to another disk)
                 out.append(full.relative_to(snapshot).as_posix())
     return sorted(out)
+
+
+def present(pointer: Path, folder: Path) -> bool:
+    """Whether snapshot file `pointer` of repo folder `folder` is there and stays inside the cache."""
+    return pointer.exists() and _within(pointer.resolve(), (folder.resolve(), (folder / "blobs").resolve()))
+
+
+def _within(path: Path, roots: tuple[Path, ...]) -> bool:
+    """A link planted in the cache that points outside it is not a cached file: never read it."""
+    return any(path == r or r in path.parents for r in roots)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ Progress goes to a callback, never to the terminal: the CLI draws it (cli/_outpu
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import re
 import shutil
 import time
 from contextlib import AbstractContextManager, ExitStack
@@ -26,9 +28,12 @@ from urllib.parse import urlsplit
 from llamaspec.errors import HubError
 from llamaspec.hub import cache
 from llamaspec.hub.failures import endpoint, hub_errors
+from llamaspec.hub.refs import bad_path, shown
 from llamaspec.hub.remote import RepoListing, hf_headers, timeout
 
 MAX_FAILURES = 3        # consecutive attempts without progress before giving up (about 3 s)
+_ETAG = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")  # it names a blob file: never a path
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)       # no space, file too big (RLIMIT_FSIZE), quota
 
 # A download's progress: report(label, bytes done, bytes total), called when a file starts (done > 0:
 # resumed there) and as its bytes arrive; label is "org/repo/path/in/repo.gguf".
@@ -56,6 +61,9 @@ class Part:
     same_host: bool     # whether the token may be sent there
     blob: Path
     have: int = 0       # bytes already in the .incomplete file
+    sha256: str | None = None   # the LFS sha256 the Hub lists: checked before the blob is moved into place
+    git_oid: str | None = None  # else the git blob id (sha1 of "blob N\0" + data)
+    again: str = "run the same command again"
 
     @property
     def partial(self) -> Path:
@@ -87,16 +95,28 @@ def _plan(listing: RepoListing, files: list[str], root: Path) -> list[Part]:
     folder = cache.repo_folder(listing.ref.repo_id, root)
     parts = []
     for f in files:
-        if (folder / "snapshots" / listing.commit / f).exists():
+        if bad_path(f) is not None or not cache.is_commit(listing.commit):  # list_repo refused these already
+            raise HubError(f"refusing unsafe file name {shown(f)} in {listing.ref.repo_id}: {bad_path(f)}",
+                           "the repository is broken or hostile; use another one")
+        if cache.present(folder / "snapshots" / listing.commit / f, folder):
             continue
         url = listing.url(f)
         with hub_errors(listing.ref.with_path(f)):
             meta = get_hf_file_metadata(url, timeout=timeout().read, endpoint=endpoint())
         if not meta.etag:
             raise HubError(f"the Hub sent no ETag for {f}", "is HF_ENDPOINT a Hugging Face Hub?")
-        size = meta.size if meta.size is not None else listing.sizes.get(f, 0)
+        if not _ETAG.match(meta.etag):
+            raise HubError(f"the Hub sent an invalid ETag for {f}: {shown(meta.etag)}",
+                           "is HF_ENDPOINT a Hugging Face Hub?")
+        listed = listing.sizes.get(f)
+        if meta.size is not None and listed is not None and meta.size != listed:
+            raise HubError(f"the Hub lists {f} as {listed:,} bytes but serves {meta.size:,} bytes; nothing downloaded",
+                           "the repository may be changing right now: retry later")
+        size = meta.size if meta.size is not None else listed or 0
         blob = folder / "blobs" / meta.etag
-        part = Part(f, size, meta.etag, meta.location, urlsplit(meta.location).netloc == urlsplit(url).netloc, blob)
+        part = Part(f, size, meta.etag, meta.location, urlsplit(meta.location).netloc == urlsplit(url).netloc, blob,
+                    sha256=listing.sha256.get(f), git_oid=listing.git_oid.get(f),
+                    again=f"run `llamaspec pull {listing.ref}` (or the same command) again")
         if part.partial.exists():
             part.have = part.partial.stat().st_size
             if part.have > size:  # not a prefix of this file: start over
@@ -114,6 +134,29 @@ def _check_space(parts: list[Part], root: Path) -> None:
             f"not enough disk space: the download needs {human_size(need)}, {human_size(free)} free in {root}",
             "free some space, or point HF_HOME / HF_HUB_CACHE at a bigger disk",
         )
+
+
+def _corrupt(part: Part, what: str) -> HubError:
+    """Drop a partial file that cannot become the blob, and say so."""
+    part.partial.unlink(missing_ok=True)
+    part.have = 0
+    return HubError(f"download of {part.path} is corrupt: {what}; the partial file was removed, "
+                    "nothing was put in the cache", f"{part.again} to download it afresh")
+
+
+def _verify(part: Part) -> None:
+    """The finished .incomplete file against the sha256 (or git blob id) the Hub lists."""
+    if part.sha256:
+        h, want, kind = hashlib.sha256(), part.sha256, "sha256"
+    elif part.git_oid:
+        h, want, kind = hashlib.sha1(f"blob {part.have}\0".encode()), part.git_oid, "git blob id"
+    else:
+        return
+    with open(part.partial, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    if h.hexdigest() != want:
+        raise _corrupt(part, f"its {kind} is {h.hexdigest()[:16]}..., the Hub lists {want[:16]}...")
 
 
 def _get(part: Part, on_bytes) -> None:
@@ -137,6 +180,9 @@ def _get(part: Part, on_bytes) -> None:
         try:
             with get_session().stream("GET", part.url, headers=h,
                                       timeout=timeout(constants.HF_HUB_DOWNLOAD_TIMEOUT)) as r:
+                if r.status_code == 416 and part.have:
+                    r.read()  # nothing after our partial file: the server's file is shorter than announced
+                    raise _corrupt(part, f"the server has only {part.have:,} of the {part.size:,} bytes it announced")
                 if r.status_code >= 400:
                     r.read()
                     hf_raise_for_status(r)
@@ -146,6 +192,9 @@ def _get(part: Part, on_bytes) -> None:
                     on_bytes(-lost)  # the server ignored Range: start over
                 with open(part.partial, mode) as f:
                     for chunk in r.iter_bytes():  # as received: a cut loses nothing already here
+                        if part.size and part.have + len(chunk) > part.size:
+                            f.close()
+                            raise _corrupt(part, f"the server sent more than the {part.size:,} bytes it announced")
                         f.write(chunk)
                         part.have += len(chunk)
                         on_bytes(len(chunk))
@@ -161,15 +210,19 @@ def _get(part: Part, on_bytes) -> None:
                                "check your network, then run the same command again to resume") from exc
             time.sleep(0.5 * failures)
         except OSError as exc:
-            if exc.errno == errno.ENOSPC:
+            if exc.errno in DISK_FULL:
+                big = exc.errno == errno.EFBIG
+                why = "file too large for this disk (or the process's file-size limit)" if big else "disk full"
                 raise HubError(
-                    f"disk full while downloading {part.path} "
-                    f"({human_size(part.have)} of {human_size(part.size)} kept)",
-                    "free some space, then run the same command again to resume",
-                ) from exc
+                    f"{why} while downloading {part.path} "
+                    f"({human_size(part.have)} of {human_size(part.size)} kept in {part.partial.name})",
+                    ("point HF_HUB_CACHE at another disk or raise the limit" if big else "free some space")
+                    + f", then {part.again} to resume",
+                ) from None
             raise
-    if part.have != part.size:
-        raise HubError(f"{part.path}: got {part.have} bytes, expected {part.size}", "run the same command again")
+    if part.size and part.have != part.size:
+        raise _corrupt(part, f"got {part.have:,} bytes, expected {part.size:,}")
+    _verify(part)
     os.replace(part.partial, part.blob)
 
 
@@ -179,10 +232,13 @@ def _link(listing: RepoListing, part: Part, root: Path) -> Path:
     Done here rather than by a second hf_hub_download call: that costs a HEAD per file and, if
     the network dropped right after the download, ~23 s of retries before it gives up.
     """
-    pointer = cache.repo_folder(listing.ref.repo_id, root) / "snapshots" / listing.commit / part.path
-    if pointer.exists():
+    folder = cache.repo_folder(listing.ref.repo_id, root)
+    pointer = folder / "snapshots" / listing.commit / part.path
+    if cache.present(pointer, folder):
         return pointer
     pointer.parent.mkdir(parents=True, exist_ok=True)
+    if pointer.is_symlink():  # dangling (its blob was deleted) or leading out of the cache: replace it
+        pointer.unlink(missing_ok=True)
     try:
         os.symlink(os.path.relpath(part.blob, pointer.parent), pointer)
     except FileExistsError:
@@ -199,7 +255,9 @@ def write_ref(repo_id: str, rev: str, commit: str, root: Path) -> None:
     ref_file = cache.repo_folder(repo_id, root) / "refs" / rev
     ref_file.parent.mkdir(parents=True, exist_ok=True)
     if not ref_file.exists() or ref_file.read_text().strip() != commit:
-        ref_file.write_text(commit)
+        tmp = ref_file.with_name(f".{ref_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(commit)
+        os.replace(tmp, ref_file)  # never a half-written ref
 
 
 def fetch(listing: RepoListing, files: list[str], *, root: Path | None = None,

@@ -14,6 +14,7 @@ An optional `hf://`, `hf.co/` or `https://huggingface.co/` prefix is accepted, a
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
@@ -94,15 +95,61 @@ def parse_ref(ref: str) -> HubRef | None:
     return _checked(HubRef(f"{m['org']}/{m['repo']}", m["rev"] or m["rev2"], quant, m["path"]), ref)
 
 
+MAX_PATH_BYTES = 1000      # a repo path, UTF-8 (the cache path adds ~130 bytes; PATH_MAX is 4096)
+MAX_PART_BYTES = 255       # one path component: NAME_MAX of common filesystems
+_SLASHES = "\u2044\u2215\u29f8\u29f5\u29f9\ufe68\uff0f\uff3c"  # fraction/division slash, fullwidth...
+_LOOKALIKE = ("/", "\\", "..")  # what NFKC-normalized confusables (U+FF0F, U+2215, U+FF0E...) must not become
+
+
+def bad_path(path: str) -> str | None:
+    """Why a repo file path (from a reference or the Hub's listing) may not become a cache path, or
+    None if it is safe: relative, '/'-separated, no '.', '..' or empty parts, no control/format
+    characters (NUL, newlines, bidi overrides, zero-width), no backslash, no look-alike of a
+    separator or '..', and short enough for the filesystem."""
+    if not isinstance(path, str) or not path:
+        return "empty file name"
+    if path.startswith("/") or re.match(r"^[A-Za-z]:", path):
+        return "absolute path"
+    if "\\" in path:
+        return "backslash in file name"
+    for ch in path:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            return f"control or invisible character U+{ord(ch):04X} in file name"
+    parts = path.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "'.', '..' or empty path component"
+    for part in parts:
+        folded = unicodedata.normalize("NFKC", part)
+        if any(ch in _SLASHES for ch in part) or (
+                folded != part and (any(x in folded for x in _LOOKALIKE) or folded in (".", ".."))):
+            return "look-alike of a path separator or '..' in file name"
+        if len(part.encode("utf-8", "surrogatepass")) > MAX_PART_BYTES:
+            return f"path component longer than {MAX_PART_BYTES} bytes"
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        return f"file path longer than {MAX_PATH_BYTES} bytes"
+    return None
+
+
+def shown(name: str, limit: int = 80) -> str:
+    """A hostile name made printable on one line: repr-escaped, long ones shortened."""
+    text = ascii(name)
+    return text if len(text) <= limit else text[:limit - 5] + "...'" + f" ({len(name)} chars)"
+
+
 def _checked(h: HubRef, ref: str) -> HubRef:
     if ".." in h.repo_id or "--" in h.repo_id or h.repo_id.endswith((".", "-")):
         raise UsageError(f"invalid Hub repository name in {ref!r}", "repository names cannot contain '--' or '..'")
+    if h.revision is not None and bad_path(h.revision) is not None:
+        raise UsageError(f"invalid revision {shown(h.revision)} in {shown(ref)}: {bad_path(h.revision)}",
+                         "give a branch, tag, commit or refs/pr/N after '@'")
     if h.path is not None:
         if not h.path.lower().endswith(".gguf"):
-            raise UsageError(f"{ref!r} names a file that is not a .gguf",
+            raise UsageError(f"{shown(ref)} names a file that is not a .gguf",
                              "give org/repo/path/file.gguf or org/repo:QUANT")
-        if any(part in ("", ".", "..") for part in h.path.split("/")):
-            raise UsageError(f"invalid file path in {ref!r}", "give the file's path inside the repository")
+        why = bad_path(h.path)
+        if why is not None:
+            raise UsageError(f"invalid file path {shown(h.path)} in {shown(ref)}: {why}",
+                             "give the file's path inside the repository")
     return h
 
 

@@ -8,14 +8,21 @@ URL it was redirected to (the CDN), saving a redirect per range.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from llamaspec.errors import HubError
 from llamaspec.gguf.header import GGUFHeader, read_header
 from llamaspec.hub.failures import endpoint, hub_errors, network_down, not_cached_offline
-from llamaspec.hub.refs import HubRef
+from llamaspec.hub.refs import HubRef, bad_path, shown
+
+log = logging.getLogger("llamaspec.hub")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
 
 FIRST_BLOCK = 128 * 1024
 MAX_BLOCK = 16 * 1024 * 1024
@@ -49,6 +56,9 @@ class RepoListing:
     commit: str
     files: list[str]
     sizes: dict[str, int] = field(default_factory=dict)
+    sha256: dict[str, str] = field(default_factory=dict)   # LFS files: the sha256 the Hub lists
+    git_oid: dict[str, str] = field(default_factory=dict)  # other files: their git blob id (sha1)
+    rejected: dict[str, str] = field(default_factory=dict)  # unsafe names in the listing -> why (skipped)
 
     def size(self, files: list[str]) -> int:
         return sum(self.sizes.get(f, 0) for f in files)
@@ -71,9 +81,42 @@ def list_repo(ref: HubRef, *, offline: bool = False) -> RepoListing:
         )
     if not info.sha:
         raise HubError(f"the Hub sent no commit for {ref.repo_id}", "is HF_ENDPOINT a Hugging Face Hub?")
-    siblings = info.siblings or []
-    return RepoListing(ref, info.sha, [s.rfilename for s in siblings],
-                       {s.rfilename: int(s.size) for s in siblings if s.size is not None})
+    if not _COMMIT.match(info.sha):  # it names a cache directory: never a path
+        raise HubError(f"the Hub sent an invalid commit id for {ref.repo_id}: {shown(info.sha)}",
+                       "is HF_ENDPOINT a Hugging Face Hub?")
+    files, sizes, sha256, oids, rejected = [], {}, {}, {}, {}
+    for s in info.siblings or []:
+        name = s.rfilename
+        why = bad_path(name)
+        if why is not None:
+            rejected[name] = why
+            log.warning("%s: skipping unsafe file name %s in the Hub's listing (%s)", ref.repo_id, shown(name), why)
+            continue
+        files.append(name)
+        if s.size is not None:
+            sizes[name] = int(s.size)
+        lfs_sha = getattr(s.lfs, "sha256", None) if s.lfs is not None else None
+        if isinstance(lfs_sha, str) and _SHA256.match(lfs_sha):
+            sha256[name] = lfs_sha
+        elif isinstance(s.blob_id, str) and _SHA1.match(s.blob_id):
+            oids[name] = s.blob_id
+    return RepoListing(ref, info.sha, files, sizes, sha256, oids, rejected)
+
+
+def choose(listing: RepoListing) -> list[str]:
+    """select.choose on a listing; if nothing fits and the Hub listed unsafe names, say so."""
+    from llamaspec.hub import select
+
+    ref = listing.ref
+    try:
+        return select.choose(listing.files, ref.quant, ref.path, f"{ref.repo_id}@{ref.rev}")
+    except HubError as exc:
+        if not listing.rejected:
+            raise
+        name, why = next(iter(listing.rejected.items()))
+        more = f" (and {len(listing.rejected) - 1} more)" if len(listing.rejected) > 1 else ""
+        raise HubError(f"{exc.message}; the Hub also listed an unsafe file name {shown(name)}{more} ({why}), "
+                       "which was refused", "the repository is broken or hostile; use another one") from None
 
 
 class RangedReader:

@@ -198,6 +198,19 @@ class Context:
     def clear(self) -> None:
         llama_cpp.llama_memory_clear(self.mem, True)
 
+    def time_one_token(self, token: int = 0, reps: int = 3) -> float:
+        """Seconds of a one-token decode on this context (the fastest of `reps`), measured on an
+        empty memory, which is left empty: what a draft model costs per token against the target
+        is known before the first draft (drafters.factory). Also warms the context up."""
+        best = float("inf")
+        for _ in range(max(1, reps)):
+            t0 = _perf()
+            self.decode([token], 0, 0)
+            self.logits(1)
+            best = min(best, _perf() - t0)
+            self.clear()
+        return best
+
     # Checkpoints, for targets whose memory cannot be partially removed (recurrent/hybrid).
     def save_seq(self, seq_id: int) -> bytearray:
         """A checkpoint of `seq_id`, to roll it back later with `load_seq`.

@@ -24,7 +24,7 @@ Estimates:
   shrunk towards a pooled rate (itself shrunk towards `prior_alpha`), so positions never drafted
   yet fall back to the pooled rate. A step with k drafted and n accepted observes positions
   1..n as accepted and position n+1 (when n < k) as rejected: the censored-geometric counts.
-- c(k), d: `CostModel`, fitted online from step timings (t = a + b * n_tokens by decayed least
+- c(k), d: `CostModel` (costs.py), fitted online from step timings (t = a + b * n_tokens by decayed least
   squares) or given.
 
 Fallback: when the per-token acceptance over the last `window` drafted steps (accepted /
@@ -37,7 +37,7 @@ or drafting that stops again within the grace (the probe was luck), doubles the 
 cap that depends on why drafting stopped:
 - it cannot pay by cost: even if every draft token were accepted, no k reaches `min_gain` (a
   draft model as slow as the target). Acceptance cannot change that, only re-measured costs can,
-  so the cap is `max_pause` and probes stay rare.
+  so the cap is `max_pause` (longer for a costly drafter, by `probe_budget`) and probes stay rare.
 - the drafts are bad right now: the cap is `recover_pause`, so drafting resumes soon after the
   text becomes predictable again, raised for a costly drafter so that failed probes (cost
   C(probe_k) - 1 each) cost at most `probe_budget` of plain decoding.
@@ -52,9 +52,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable
+
+from llamaspec.spec.costs import CostModel  # the controller's cost model, re-exported
 
 __all__ = ["CostModel", "DraftLengthController", "expected_tokens_geometric"]
+
 
 
 def expected_tokens_geometric(alpha: float, k: int) -> float:
@@ -68,122 +70,6 @@ def expected_tokens_geometric(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-class CostModel:
-    """Costs relative to one plain decode step (a target batch of 1 token).
-
-    verify_ratio(k) = t(k + 1) / t(1), draft_ratio = seconds per drafted token / t(1).
-    t(n) = a + b * n is fitted by least squares with exponential forgetting over observed
-    (batch size, seconds) pairs. Until the batch sizes seen vary enough to fit a slope,
-    b / a = `default_slope` (MEASURED.md: on CPU a batch of 8 costs about one decode step).
-    `verify_ratio_fn` / `draft_ratio_value`, when given, replace the measurements.
-
-        >>> cm = CostModel()
-        >>> for n, t in [(1, 0.030), (5, 0.034), (9, 0.038)] * 3:
-        ...     cm.observe_verify(n, t)
-        >>> round(cm.verify_ratio(8), 3)            # t(9) / t(1) = 0.038 / 0.030
-        1.267
-        >>> cm.observe_draft(4, 0.006); round(cm.draft_ratio, 3)   # 1.5 ms per token / 30 ms
-        0.05
-    """
-
-    def __init__(self, verify_ratio_fn: Callable[[int], float] | None = None,
-                 draft_ratio_value: float | None = None, default_slope: float = 0.02,
-                 decay: float = 0.98):
-        self.verify_ratio_fn = verify_ratio_fn
-        self.draft_ratio_value = draft_ratio_value
-        self.default_slope = default_slope
-        self.decay = decay
-        self._w = self._sn = self._snn = self._st = self._snt = 0.0  # batches of 2+ (all, until one)
-        self._one_w = self._one_s = 0.0  # one-token steps
-        self._draft_s = self._draft_n = 0.0
-
-    def observe_verify(self, n_tokens: int, seconds: float) -> None:
-        """A target step that evaluated `n_tokens` tokens (1 for a plain decode) took `seconds`.
-
-        One-token steps are kept apart from the line fitted to batches: on CPUs a one-token step
-        is a matrix-vector product bound by memory bandwidth and a batch a matrix product with
-        other kernels (SmolLM2 F16 on a 2-core EPYC: t(2) = 1.8 t(1), then +0.2 t(1) per token),
-        so one line through both would make short drafts look cheap."""
-        if n_tokens < 1 or not seconds > 0.0:
-            return
-        g = self.decay
-        if n_tokens == 1:
-            self._one_w = self._one_w * g + 1.0
-            self._one_s = self._one_s * g + seconds
-            if self._w > 0.0 and self._sn > self._w:  # batches seen: the line is theirs alone
-                return
-        elif self._w > 0.0 and self._sn <= self._w:  # the first batch: drop the one-token points
-            self._w = self._sn = self._snn = self._st = self._snt = 0.0
-        self._w = self._w * g + 1.0
-        self._sn = self._sn * g + n_tokens
-        self._snn = self._snn * g + n_tokens * n_tokens
-        self._st = self._st * g + seconds
-        self._snt = self._snt * g + n_tokens * seconds
-
-    def observe_draft(self, n_tokens: int, seconds: float) -> None:
-        """Drafting `n_tokens` tokens took `seconds`."""
-        if seconds < 0.0:
-            return
-        g = self.decay
-        self._draft_s = self._draft_s * g + seconds
-        self._draft_n = self._draft_n * g + n_tokens
-
-    def line(self) -> tuple[float, float] | None:
-        """(a, b) of t(n) = a + b * n, or None before any timing."""
-        if self._w <= 0.0:
-            return None
-        mean_n = self._sn / self._w
-        mean_t = self._st / self._w
-        var_n = self._snn / self._w - mean_n * mean_n
-        if self._w >= 3.0 and var_n >= 0.5:
-            b = (self._snt / self._w - mean_n * mean_t) / var_n
-            b = max(b, 0.0)
-            a = mean_t - b * mean_n
-            if a <= 0.0:  # time proportional to the batch size, or noise: keep a sane intercept
-                a = mean_t / (1.0 + self.default_slope * mean_n)
-                b = a * self.default_slope if b <= 0.0 else (mean_t - a) / mean_n
-            return a, b
-        a = mean_t / (1.0 + self.default_slope * mean_n)
-        return a, a * self.default_slope
-
-    @property
-    def decode_seconds(self) -> float | None:
-        """Estimated time of one plain decode step t(1): measured, else from the line."""
-        if self._one_w > 0.0:
-            return self._one_s / self._one_w
-        ab = self.line()
-        return None if ab is None else ab[0] + ab[1]
-
-    def verify_ratio(self, k: int) -> float:
-        """Cost of a verify step with k draft tokens / cost of a plain decode step."""
-        if self.verify_ratio_fn is not None:
-            return float(self.verify_ratio_fn(k))
-        return self.verify_ratios(k)[k]
-
-    def verify_ratios(self, k_max: int) -> list[float]:
-        """[verify_ratio(k) for k in 0..k_max], computed at once."""
-        if self.verify_ratio_fn is not None:
-            return [float(self.verify_ratio_fn(k)) for k in range(k_max + 1)]
-        ab = self.line()
-        if ab is None:
-            a, b = 1.0, self.default_slope
-        else:
-            a, b = ab
-        t1 = self.decode_seconds if ab is not None else a + b
-        # never below 1: a batch that looked faster than one token is noise
-        return [1.0] + [max(1.0, (a + b * (k + 1)) / t1) for k in range(1, k_max + 1)]
-
-    @property
-    def draft_ratio(self) -> float:
-        """Cost of drafting one token / cost of a plain decode step (0 before any timing)."""
-        if self.draft_ratio_value is not None:
-            return self.draft_ratio_value
-        t1 = self.decode_seconds
-        if not t1 or self._draft_n <= 0.0:
-            return 0.0
-        return (self._draft_s / self._draft_n) / t1
 
 
 class DraftLengthController:
@@ -291,6 +177,8 @@ class DraftLengthController:
         `match` (Draft.match) is not used here: MatchController keeps a controller per match length."""
         if self.n_max <= 0:
             return 0
+        if self.cost.needs_decode_timing:  # a plain step, timed: what every ratio is relative to
+            return 0
         if self._pause_left > 0:
             self._pause_left -= 1
             self._skipped += 1
@@ -374,14 +262,14 @@ class DraftLengthController:
         return max(((k + 1) / (c[k] + d * k) for k in range(self.n_min, self.n_max + 1)), default=0.0)
 
     def pause_cap(self) -> int:
-        """Longest pause between probes: `max_pause` when drafting cannot pay by cost; else
-        `recover_pause`, or longer when a failed probe is costly, so that probing costs at most
-        `probe_budget` of plain decoding (never beyond `max_pause`)."""
-        if self.max_rate() < self.min_gain:
-            return self.max_pause
+        """Longest pause between probes, so that failed probes (C(probe_k) - 1 each) cost at most
+        `probe_budget` of plain decoding: when drafting cannot pay by cost, at least `max_pause`
+        (up to 8x that for a costly drafter); else `recover_pause`, up to `max_pause`."""
         k = self.probe_k
         loss = self.cost.verify_ratio(k) + self.cost.draft_ratio * k - 1.0
         by_cost = math.ceil(loss / self.probe_budget) if self.probe_budget > 0 else self.max_pause
+        if self.max_rate() < self.min_gain:  # only re-measured costs can change this: probe rarely
+            return max(self.max_pause, min(by_cost, 8 * self.max_pause))
         return max(self.pause, min(self.max_pause, max(self.recover_pause, by_cost)))
 
     def _forget(self, f: float) -> None:
@@ -395,11 +283,14 @@ class DraftLengthController:
     def _start_pause(self, longer: bool = False) -> None:
         """Stop drafting for the pause length (at most the current cap), then probe once. The
         length doubles after a failed probe (`longer`) and when drafting stops again within the
-        grace after a good probe (that probe was luck)."""
+        grace after a good probe (that probe was luck). When drafting cannot pay by cost, the
+        pause is the whole cap at once: no acceptance could change that, so short first pauses
+        would only buy probes that cannot succeed (each one costing a draft and a verify)."""
         if longer or self._grace > 0:
             self._pause_len *= 2
         self._grace = 0
-        self._pause_len = min(self._pause_len, self.pause_cap())
+        cap = self.pause_cap()
+        self._pause_len = cap if self.max_rate() < self.min_gain else min(self._pause_len, cap)
         self._pause_left = self._pause_len
         self._probing = True
         self._recent.clear()

@@ -182,7 +182,7 @@ class SpecEngine:
 
         ctls = {}
         for d in members:
-            cost = None
+            cost = CostModel(draft_ratio_prior=d.measured_cost)
             if fixed:
                 slope = CostModel().default_slope
                 cost = CostModel(verify_ratio_fn=lambda k, s=slope: (1.0 + s * (k + 1)) / (1.0 + s),

@@ -241,8 +241,8 @@ class SpecOptions:
     adaptive: bool = True
     n_ctx: int | None = None   # None: 4096, or the model's training context if smaller; 0: training context
     n_threads: int | None = None
-    n_gpu_layers: int = 0
-    n_gpu_layers_draft: int = 0
+    n_gpu_layers: int | None = None        # None: auto, what fits (runtime/offload.py); -1: all
+    n_gpu_layers_draft: int | None = None
     ngram: NgramParams = field(default_factory=NgramParams)
     amx: bool | None = None    # --amx / --no-amx; None: LLAMASPEC_AMX or the default (cpu_policy.py)
     n_seq: int = 1             # sequences decoded together (batch --parallel); n_ctx is per sequence

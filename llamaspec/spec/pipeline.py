@@ -7,16 +7,18 @@ are enabled), chosen by the one factory in `drafters/factory.py`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llamaspec.errors import UsageError
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
+from llamaspec.runtime.devices import plan_offload
+from llamaspec.runtime.offload import OffloadDecision
 from llamaspec.spec.drafters.base import Drafter
 from llamaspec.spec.drafters.factory import build_drafter
 from llamaspec.spec.engine import GenerationConfig, SpecEngine
-from llamaspec.spec.options import DEFAULT_CTX, SpecOptions, default_draft_max, loads_mtp_layers
+from llamaspec.spec.options import DEFAULT_CTX, SpecOptions, default_draft_max, loads_mtp_layers, needs_draft_model
 from llamaspec.spec.verify import SamplingParams
 
 
@@ -28,6 +30,7 @@ class Pipeline:
     engine: SpecEngine
     options: SpecOptions
     draft_model: Model | None = None
+    offload: OffloadDecision | None = None   # the -ngl/-ngld the models were loaded with, and why
 
     def config(self, **kw) -> GenerationConfig:
         opts = self.options
@@ -48,8 +51,16 @@ class Pipeline:
 def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingParams | None = None,
                   target: Model | None = None) -> Pipeline:
     """Load the target (unless given) and build the drafter for `options.spec_types`."""
+    # -ngl/-ngld left at None (auto): offload what fits, as llama.cpp's fit does (runtime/offload.py).
+    types = options.spec_types
+    draft = options.draft_path if needs_draft_model(types) or loads_mtp_layers(types) else None
+    offload = plan_offload(target_path, draft, n_gpu_layers=options.n_gpu_layers,
+                           n_gpu_layers_draft=options.n_gpu_layers_draft, n_ctx=options.n_ctx,
+                           default_ctx=DEFAULT_CTX, n_seq=options.n_seq, load_mtp=loads_mtp_layers(types),
+                           target_loaded=target is not None)
+    placed = replace(options, n_gpu_layers=offload.n_gpu_layers, n_gpu_layers_draft=offload.n_gpu_layers_draft)
     if target is None:
-        target = Model(target_path, n_gpu_layers=options.n_gpu_layers,
+        target = Model(target_path, n_gpu_layers=placed.n_gpu_layers,
                        load_mtp=loads_mtp_layers(options.spec_types), amx=options.amx)
     n_ctx = options.n_ctx
     if n_ctx is None:  # past the training context a model degrades; llama.cpp warns about it
@@ -62,6 +73,6 @@ def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingPar
     # n_ctx is per sequence: llama.cpp gives each of n_seq_max sequences n_ctx / n_seq_max.
     ctx = Context(target, ContextConfig(n_ctx=n_ctx * options.n_seq, n_threads=options.n_threads,
                                         n_seq_max=options.n_seq))
-    built = build_drafter(options, target, ctx, sampling or SamplingParams(temperature=0.0))
+    built = build_drafter(placed, target, ctx, sampling or SamplingParams(temperature=0.0))
     engine = SpecEngine(target, ctx, built.drafter)
-    return Pipeline(target, ctx, built.drafter, engine, options, built.draft_model)
+    return Pipeline(target, ctx, built.drafter, engine, options, built.draft_model, offload)

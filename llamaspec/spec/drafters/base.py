@@ -75,6 +75,9 @@ class Drafter(ABC):
     #: cost of one drafted token relative to a target decode step, estimated without timing
     #: (from model sizes); used where decisions must not depend on measured time
     cost_hint: float = 0.0
+    #: cost of one drafted token relative to a target decode step, timed when the drafter was
+    #: built (one-token decodes of both models); the controller's estimate until drafts are timed
+    measured_cost: float = 0.0
     #: True when drafts carry `Draft.match`: the engine then sizes them per match length
     #: (match_controller.py)
     sizes_by_match: bool = False

@@ -63,8 +63,14 @@ def _draft_model(opts, target, ctx, sampling) -> Built:
     dist = None if sampling.greedy else (lambda row, recent: target_distribution(row, sampling, recent))
     # Decoding one token reads every weight once: sizes estimate the draft's cost per token.
     cost_hint = opts.draft_path.stat().st_size / max(1, target.path.stat().st_size)
-    return Built(ModelDrafter(dctx, p_min=opts.draft_p_min, distribution=dist, n_vocab=target.n_vocab,
-                              cost_hint=cost_hint), model)
+    drafter = ModelDrafter(dctx, p_min=opts.draft_p_min, distribution=dist, n_vocab=target.n_vocab,
+                           cost_hint=cost_hint)
+    # Sizes mislead on CPUs (a Q4 draft of an F16 target: a third of the bytes, nearly the time
+    # of a target step here), so the controller starts from timed decodes instead: without them
+    # it would learn the cost by drafting, which costs what it learns.
+    if ctx.seq_pos_max(0) < 0:
+        drafter.measured_cost = dctx.time_one_token(max(0, target.bos)) / ctx.time_one_token(max(0, target.bos))
+    return Built(drafter, model)
 
 
 def _layer_reading_draft(opts, target, ctx, kind: str) -> Built:

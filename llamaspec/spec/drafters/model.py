@@ -29,6 +29,10 @@ from llamaspec.spec.verify import fit_to_vocab, sample_dense
 
 #: llama.cpp's draft sampler keeps the 10 best candidates before its softmax (common/speculative.cpp)
 P_MIN_TOP_K = 10
+#: most tokens evaluated to bring the draft's KV up to date (see ModelDrafter._sync)
+SYNC_WINDOW = 16
+#: stands in `_cached` for the positions of a skipped stretch (never equal to a token id)
+GAP = -1
 
 
 def top_probability(row: np.ndarray, top_k: int = P_MIN_TOP_K) -> tuple[int, float]:
@@ -65,6 +69,7 @@ class ModelDrafter(Drafter):
         self._rng: dict[int, np.random.Generator] = {}  # per sequence, from begin()
         self._cached: dict[int, list[int]] = {}   # tokens in the draft KV cache, per sequence
         self._synced: dict[int, int] = {}         # history length known equal to _cached
+        self._shift: dict[int, int] = {}          # tokens skipped by catch-up splices (_sync)
         # Recurrent/hybrid draft models cannot drop a tail of their memory (seq_rm fails): keep
         # one checkpoint per sequence, (n tokens, state) taken when the draft memory held
         # exactly history[:n], and roll back to it instead.
@@ -77,6 +82,7 @@ class ModelDrafter(Drafter):
         self.ctx.seq_rm(seq_id, 0, -1)
         self._cached[seq_id] = []
         self._synced[seq_id] = 0
+        self._shift[seq_id] = 0
         self._checkpoint.pop(seq_id, None)
         prompt = list(prompt_tokens)
         if len(prompt) > 1:
@@ -94,12 +100,24 @@ class ModelDrafter(Drafter):
             p += 1
         if p >= len(history):  # never re-use the last token's cached KV: we need its logits
             p = len(history) - 1
+        shift = self._shift.get(seq_id, 0)   # history index - KV position, past the last splice
         if p < len(cached):
-            if not self.ctx.seq_rm(seq_id, p, -1):
+            if not self.ctx.seq_rm(seq_id, p - shift, -1):
                 p = self._roll_back(seq_id, p)
             del cached[p:]
+        skip = len(history) - p - SYNC_WINDOW
+        if skip > 0 and not self.ctx.model.needs_checkpoints:
+            # Back from a long pause: catching up on every token would cost a batch as long as
+            # the pause (on a CPU, roughly one step per 4 tokens), more than the drafts it buys.
+            # Only the last SYNC_WINDOW tokens are evaluated, spliced right after what the draft's
+            # KV holds (llama.cpp wants consecutive positions): the draft sees the prompt and the
+            # recent text. Drafts are only proposals, so the output is unchanged.
+            cached.extend([GAP] * skip)
+            p += skip
+            shift += skip
+            self._shift[seq_id] = shift
         todo = list(history[p:])
-        n_out = self.ctx.decode(todo, p, seq_id, outputs="last")
+        n_out = self.ctx.decode(todo, p - shift, seq_id, outputs="last")
         cached.extend(todo)
         self._synced[seq_id] = len(history)
         return n_out
@@ -141,7 +159,7 @@ class ModelDrafter(Drafter):
             if len(tokens) >= n_max:
                 break
             # Evaluate the token just drafted to draft the next one.
-            self.ctx.decode([tok], len(cached), seq_id, outputs="last")
+            self.ctx.decode([tok], len(cached) - self._shift.get(seq_id, 0), seq_id, outputs="last")
             cached.append(tok)
         return Draft(tokens, probs, self.name)
 
@@ -160,6 +178,7 @@ class ModelDrafter(Drafter):
         self._rng.pop(seq_id, None)
         self._cached.pop(seq_id, None)
         self._synced.pop(seq_id, None)
+        self._shift.pop(seq_id, None)
         self._checkpoint.pop(seq_id, None)
 
     def close(self) -> None:

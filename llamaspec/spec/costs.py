@@ -1,0 +1,143 @@
+"""Costs of speculative steps relative to one plain decode step, measured online.
+
+The adaptive controller (controller.py) weighs expected tokens against these costs: c(k), a verify
+batch of k draft tokens + 1, and d, drafting one token, both in units of t(1), one plain step.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+__all__ = ["CostModel", "RECALIBRATE_STEPS"]
+
+#: a plain step is timed again after this many timed batches without one (the cost of t(1) drifts
+#: with the machine's load; one step in 200 is < 0.5% of drafting)
+RECALIBRATE_STEPS = 200
+
+
+class CostModel:
+    """Costs relative to one plain decode step (a target batch of 1 token).
+
+    verify_ratio(k) = t(k + 1) / t(1), draft_ratio = seconds per drafted token / t(1).
+    t(n) = a + b * n is fitted by least squares with exponential forgetting over observed
+    (batch size, seconds) pairs. Until the batch sizes seen vary enough to fit a slope,
+    b / a = `default_slope` (MEASURED.md: on CPU a batch of 8 costs about one decode step).
+    `verify_ratio_fn` / `draft_ratio_value`, when given, replace the measurements.
+
+        >>> cm = CostModel()
+        >>> for n, t in [(1, 0.030), (5, 0.034), (9, 0.038)] * 3:
+        ...     cm.observe_verify(n, t)
+        >>> round(cm.verify_ratio(8), 3)            # t(9) / t(1) = 0.038 / 0.030
+        1.267
+        >>> cm.observe_draft(4, 0.006); round(cm.draft_ratio, 3)   # 1.5 ms per token / 30 ms
+        0.05
+    """
+
+    def __init__(self, verify_ratio_fn: Callable[[int], float] | None = None,
+                 draft_ratio_value: float | None = None, default_slope: float = 0.02,
+                 draft_ratio_prior: float = 0.0,
+                 decay: float = 0.98):
+        self.verify_ratio_fn = verify_ratio_fn
+        self.draft_ratio_value = draft_ratio_value
+        self.draft_ratio_prior = draft_ratio_prior  # before any draft is timed (measured at load)
+        self.default_slope = default_slope
+        self.decay = decay
+        self._w = self._sn = self._snn = self._st = self._snt = 0.0  # batches of 2+ (all, until one)
+        self._one_w = self._one_s = 0.0  # one-token steps
+        self._since_one = 0              # batches timed since the last one-token step
+        self._draft_s = self._draft_n = 0.0
+
+    def observe_verify(self, n_tokens: int, seconds: float) -> None:
+        """A target step that evaluated `n_tokens` tokens (1 for a plain decode) took `seconds`.
+
+        One-token steps are kept apart from the line fitted to batches: on CPUs a one-token step
+        is a matrix-vector product bound by memory bandwidth and a batch a matrix product with
+        other kernels (SmolLM2 F16 on a 2-core EPYC: t(2) = 1.8 t(1), then +0.2 t(1) per token),
+        so one line through both would make short drafts look cheap."""
+        if n_tokens < 1 or not seconds > 0.0:
+            return
+        g = self.decay
+        self._since_one = 0 if n_tokens == 1 else self._since_one + 1
+        if n_tokens == 1:
+            self._one_w = self._one_w * g + 1.0
+            self._one_s = self._one_s * g + seconds
+            if self._w > 0.0 and self._sn > self._w:  # batches seen: the line is theirs alone
+                return
+        elif self._w > 0.0 and self._sn <= self._w:  # the first batch: drop the one-token points
+            self._w = self._sn = self._snn = self._st = self._snt = 0.0
+        self._w = self._w * g + 1.0
+        self._sn = self._sn * g + n_tokens
+        self._snn = self._snn * g + n_tokens * n_tokens
+        self._st = self._st * g + seconds
+        self._snt = self._snt * g + n_tokens * seconds
+
+    def observe_draft(self, n_tokens: int, seconds: float) -> None:
+        """Drafting `n_tokens` tokens took `seconds`."""
+        if seconds < 0.0:
+            return
+        g = self.decay
+        self._draft_s = self._draft_s * g + seconds
+        self._draft_n = self._draft_n * g + n_tokens
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b) of t(n) = a + b * n, or None before any timing."""
+        if self._w <= 0.0:
+            return None
+        mean_n = self._sn / self._w
+        mean_t = self._st / self._w
+        var_n = self._snn / self._w - mean_n * mean_n
+        if self._w >= 3.0 and var_n >= 0.5:
+            b = (self._snt / self._w - mean_n * mean_t) / var_n
+            b = max(b, 0.0)
+            a = mean_t - b * mean_n
+            if a <= 0.0:  # time proportional to the batch size, or noise: keep a sane intercept
+                a = mean_t / (1.0 + self.default_slope * mean_n)
+                b = a * self.default_slope if b <= 0.0 else (mean_t - a) / mean_n
+            return a, b
+        a = mean_t / (1.0 + self.default_slope * mean_n)
+        return a, a * self.default_slope
+
+    @property
+    def needs_decode_timing(self) -> bool:
+        """Batches are being timed but no one-token step was lately (drafting every step): the
+        controller then takes one plain step, since extrapolating t(1) from batches overestimates
+        it (`observe_verify`) and makes every draft look cheaper than it is."""
+        return (self.verify_ratio_fn is None and self._w > 0.0
+                and (self._one_w == 0.0 or self._since_one >= RECALIBRATE_STEPS))
+
+    @property
+    def decode_seconds(self) -> float | None:
+        """Estimated time of one plain decode step t(1): measured, else from the line."""
+        if self._one_w > 0.0:
+            return self._one_s / self._one_w
+        ab = self.line()
+        return None if ab is None else ab[0] + ab[1]
+
+    def verify_ratio(self, k: int) -> float:
+        """Cost of a verify step with k draft tokens / cost of a plain decode step."""
+        if self.verify_ratio_fn is not None:
+            return float(self.verify_ratio_fn(k))
+        return self.verify_ratios(k)[k]
+
+    def verify_ratios(self, k_max: int) -> list[float]:
+        """[verify_ratio(k) for k in 0..k_max], computed at once."""
+        if self.verify_ratio_fn is not None:
+            return [float(self.verify_ratio_fn(k)) for k in range(k_max + 1)]
+        ab = self.line()
+        if ab is None:
+            a, b = 1.0, self.default_slope
+        else:
+            a, b = ab
+        t1 = self.decode_seconds if ab is not None else a + b
+        # never below 1: a batch that looked faster than one token is noise
+        return [1.0] + [max(1.0, (a + b * (k + 1)) / t1) for k in range(1, k_max + 1)]
+
+    @property
+    def draft_ratio(self) -> float:
+        """Cost of drafting one token / cost of a plain decode step (the prior before any timing)."""
+        if self.draft_ratio_value is not None:
+            return self.draft_ratio_value
+        t1 = self.decode_seconds
+        if not t1 or self._draft_n <= 0.0:
+            return self.draft_ratio_prior
+        return (self._draft_s / self._draft_n) / t1
