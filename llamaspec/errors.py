@@ -34,6 +34,11 @@ class ModelFileError(LlamaspecError):
     """A GGUF file that is missing, unreadable, truncated or not a GGUF at all."""
 
 
+class ChatTemplateError(ModelFileError):
+    """A model's chat template that cannot be rendered: a syntax error, raise_exception, or an unsafe
+    operation refused by the sandbox (runtime/chat_template.py). Exit code 1; `--raw` skips it."""
+
+
 class ModelLoadError(LlamaspecError):
     """llama.cpp refused to load a model or create a context."""
 

@@ -91,7 +91,9 @@ def test_no_gpu_means_zero_layers():
     for d in (decide([CPU], TARGET, DRAFT), decide([], None, None, has_draft=True),
               decide([CPU, gpu(8192)], TARGET, DRAFT, gpu_offload=False)):
         assert (d.n_gpu_layers, d.n_gpu_layers_draft) == (0, 0) and d.devices == ()
-        assert d.reason.startswith("no GPU device (CPU-only llama.cpp build): -ngl ")
+        assert d.reason.startswith("no GPU device")
+    assert decide([CPU], TARGET).reason == "no GPU device among ggml's devices: -ngl 0/33 (auto)"
+    assert decide([CPU, gpu(8192)], TARGET, gpu_offload=False).reason.startswith("no GPU device (CPU-only")
     assert decide([CPU, Device("BLAS", "ACCEL", 0, 0)], TARGET).n_gpu_layers == 0   # ACCEL holds no layers
     silent = decide([CPU, Device("Vulkan0", "GPU", 0, 0)], TARGET)   # reports no memory: fit.cpp skips it
     assert silent.n_gpu_layers == 0 and "report no memory" in silent.reason
@@ -103,14 +105,14 @@ def test_llama_cpps_device_choice_discrete_gpus_else_one_backends_igpus():
     other = gpu(4096, "SYCL0", "IGPU", "SYCL")
     assert offload.model_devices([CPU, igpu, other, gpu(2048, "Vulkan1", "IGPU", "Vulkan")]) == (
         igpu, gpu(2048, "Vulkan1", "IGPU", "Vulkan"))
-    assert decide([CPU, igpu], TARGET).n_gpu_layers == 28   # (4096 - 1024 - 400) // 100 + 1
+    assert decide([CPU, igpu], TARGET).n_gpu_layers == 27   # (4096 - 1024 - 400) // 100 + 1
 
 
 def test_user_values_are_never_changed():
     tiny = gpu(MARGIN_MIB + 10)
     d = decide([tiny], TARGET, DRAFT, n_gpu_layers=99, n_gpu_layers_draft=-1)
     assert (d.n_gpu_layers, d.n_gpu_layers_draft) == (99, -1) and not d.target_auto and not d.draft_auto
-    assert d.reason == "-ngl 99 (given), -ngld all (given)"
+    assert d.reason == "-ngl 33/33 (given), -ngld 9/9 (given)"   # 99 and -1: every layer
     # -ngl given: the draft is fitted around the target's 20 layers (2300 MiB); 150 MiB left
     d = decide([gpu(MARGIN_MIB + 2300 + 150)], TARGET, DRAFT, n_gpu_layers=20)
     assert (d.n_gpu_layers, d.n_gpu_layers_draft) == (20, 3) and not d.target_auto and d.draft_auto

@@ -174,3 +174,17 @@ def test_show_and_forget(run_cli, pair, tmp_path):
 def test_usage_errors(run_cli, args, needle):
     r = run_cli("tune", *args)
     assert r.exit_code == 2 and needle in r.stderr
+
+
+def test_bench_measures_the_stored_config_beside_its_modes(run_cli, pair):
+    """bench with no --spec-type adds what tune stored for the target (alone and with the draft),
+    with its own settings, labelled `tuned (...)`; an explicit --spec-type measures only that."""
+    t, d = pair
+    store.save(t, None, TunedConfig("ngram-simple", draft_max=5, ngram={"simple_size_n": 3}))
+    r = run_cli("bench", t, "--draft", d, "-p", "one two three one two three one two", "--reps", "1",
+                "--json", *FAST)
+    assert r.exit_code == 0, r.stderr
+    labels = [m["mode"] for m in r.json()["results"]]
+    assert "tuned (ngram-simple)" in labels and "draft-simple" in labels
+    r = run_cli("bench", t, "--spec-type", "ngram-mod", "-p", "one two", "--reps", "1", "--json", *FAST)
+    assert [m["mode"] for m in r.json()["results"] if m["mode"] != "plain"] == ["ngram-mod"]

@@ -115,7 +115,8 @@ def bench(
     drafts = [(ref, hub.resolve_model(ref, offline=offline)) for ref in drafts_given]
     if drafts and not any(needs_draft_model(m) for m in modes):
         out.warn("--draft is given but no mode uses it; add --spec-type draft")
-    targets = _targets(list(dict.fromkeys(models)), drafts, modes, force_draft, offline, out)
+    targets = _targets(list(dict.fromkeys(models)), drafts, modes, force_draft, offline, out,
+                       explicit_modes=spec_type is not None)
 
     from llamaspec.runtime.info import buffer_decision
 
@@ -212,7 +213,7 @@ def _modes(spec_type: list[str] | None, drafts: list[str]) -> list[str]:
 
 
 def _targets(models: list[str], drafts: list[tuple[str, Path]], modes: list[str], force_draft: bool,
-             offline: bool, out: Output) -> list["Target"]:
+             offline: bool, out: Output, explicit_modes: bool = True) -> list["Target"]:
     """Each target with its configurations: its modes, draft modes once per compatible draft. With
     one target and one draft an incompatible pair is an error (as `run`); in a sweep it is skipped
     with a warning, and so is a target left with nothing to measure."""
@@ -236,6 +237,8 @@ def _targets(models: list[str], drafts: list[tuple[str, Path]], modes: list[str]
                 continue
             usable.append(dpath)
         configs = make_configs(modes, usable)
+        if not explicit_modes:
+            configs += _tuned_configs(path, usable, out)
         if not configs:
             out.warn(escape(f"skipping {ref}: no mode to measure (no compatible draft)"))
             continue
@@ -244,3 +247,28 @@ def _targets(models: list[str], drafts: list[tuple[str, Path]], modes: list[str]
         raise IncompatiblePairError("no target has a compatible draft for the modes asked",
                                     "`llamaspec pair TARGET` lists compatible drafts, or add an n-gram --spec-type")
     return targets
+
+
+def _tuned_configs(target: Path, drafts: list[Path], out: Output) -> list["Config"]:
+    """With no --spec-type, what `llamaspec tune` stored for this target (alone, and with each
+    draft) is measured too, labelled `tuned (...)`, with its own draft length and n-gram settings."""
+    from dataclasses import replace
+
+    from llamaspec.spec.bench_types import Config
+    from llamaspec.spec.options import NgramParams, needs_draft_model
+    from llamaspec.tune.store import lookup
+
+    configs = []
+    for d in [None, *drafts]:
+        cfg = lookup(target, d)
+        if cfg is None:
+            continue
+        if cfg.spec_type == "none":
+            out.info(escape(f"tuned {cfg.date} for {target.name}" + (f" + {d.name}" if d else "")
+                            + ": plain decoding measured fastest"))
+            continue
+        overrides = (("draft_max", cfg.draft_max), ("draft_p_min", cfg.draft_p_min),
+                     ("ngram", replace(NgramParams(), **cfg.ngram)))
+        label = f"tuned ({cfg.spec_type}{' @ ' + d.name if d else ''})"
+        configs.append(Config(label, cfg.spec_type, d if needs_draft_model(cfg.spec_type) else None, overrides))
+    return configs

@@ -39,7 +39,7 @@ from llamaspec.gguf.vocab import VOCAB_TYPES
 _u32, _u64 = U32.unpack_from, U64.unpack_from
 _SIZES = {t: s.size for t, s in SCALAR_TYPES.items()}
 _FAST_SKIP_MODELS = ("hybriddna", "no_vocab", "none")  # token texts are rewritten or absent
-_ERRORS = (OSError, ValueError, struct.error, IndexError)  # any of these: not a readable GGUF here
+_ERRORS = (OSError, ValueError, struct.error, IndexError, OverflowError)  # any of these: not a readable GGUF here
 _SMALL_ARRAY = 4096  # number arrays up to this length are read by light_header
 
 

@@ -45,12 +45,37 @@ llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p(0))
 llama_cpp.llama_backend_init()
 
 
+_GENERIC = ("failed to load model", "failed to read key-value pairs", "failed to read tensor info",
+            "failed to read tensor data", "failed to read header", "error loading model:")
+
+
 def _last_log_error() -> str:
-    for line in reversed(_LOG_TAIL):
-        line = line.strip()
-        if line and ("error" in line.lower() or "failed" in line.lower() or "invalid" in line.lower()):
+    """llama.cpp's reason for the last load failure, from its log: gguf's own complaint (a bad key,
+    offset or type) when there is one, else the loader's "error loading model: <reason>"."""
+    lines = [line.strip() for line in _LOG_TAIL if line.strip()]
+    for line in lines:
+        if line.startswith("gguf_") and not any(g in line for g in _GENERIC):
+            return line.split(": ", 1)[-1]
+    for line in reversed(lines):
+        if "error loading model: " in line:
+            why = line.split("error loading model: ", 1)[1]
+            if not why.startswith("llama_model_loader: failed to load model"):
+                return why
+    for line in reversed(lines):
+        low = line.lower()
+        if ("error" in low or "failed" in low or "invalid" in low) and not line.endswith("failed to load model"):
             return line
     return ""
+
+
+def _load_hint(why: str) -> str:
+    if "unknown model architecture" in why:
+        return ("this llama.cpp does not know the architecture: upgrade llama-cpp-python "
+                "(llamaspec doctor shows the version), or use a model of a supported architecture")
+    if "tokenizer" in why or "vocab" in why:
+        return "the file's tokenizer cannot be built by this llama.cpp; re-convert the model or upgrade llama-cpp-python"
+    return ("check that the file is a complete GGUF of an architecture this llama.cpp supports "
+            "(llamaspec doctor shows the version); download or convert it again")
 
 
 class DecodeClock:
@@ -91,15 +116,13 @@ class Model:
         _LOG_TAIL.clear()
         self.ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
-            from llamaspec.gguf.header import read_file
+            from llamaspec.gguf.header import read_file, require_data
 
-            read_file(self.path)  # a missing, truncated or non-GGUF file gets its own message
+            # A missing, truncated or non-GGUF file gets its own message, naming the byte or key.
+            require_data(read_file(self.path))
             why = _last_log_error()
-            raise ModelLoadError(
-                f"llama.cpp could not load {self.path}" + (f": {why}" if why else ""),
-                "check that the file is a complete GGUF of an architecture this llama.cpp supports "
-                "(llamaspec doctor shows the version)",
-            )
+            raise ModelLoadError(f"llama.cpp could not load {self.path}" + (f": {why}" if why else ""),
+                                 _load_hint(why))
         self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_embd = llama_cpp.llama_model_n_embd(self.ptr)

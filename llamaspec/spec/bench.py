@@ -102,7 +102,7 @@ def run_bench(target: "Model", prompt: Sequence[int], modes: "Sequence[str | Con
         short = replace(settings, n=min(settings.n, 8))
         run_mode(target, "none", prompt, short)
         for c in configs:
-            run_mode(target, c.spec, prompt, replace(short, draft_path=c.draft_path))
+            run_mode(target, c.spec, prompt, replace(short, draft_path=c.draft_path, **dict(c.overrides)))
     runs: dict[str, list[RepResult]] = {PLAIN: []}
     notes: list[str] = []
     prompt_file: Path | None = None
@@ -121,14 +121,14 @@ def run_bench(target: "Model", prompt: Sequence[int], modes: "Sequence[str | Con
             if on_run:
                 on_run(rep, plain)
             for c in configs:
-                cs = replace(settings, draft_path=c.draft_path)
+                cs = replace(settings, draft_path=c.draft_path, **dict(c.overrides))
                 r = run_mode(target, c.spec, prompt, cs, label=c.label).compare_to(plain)
                 runs.setdefault(c.label, []).append(r)
                 if on_run:
                     on_run(rep, r)
             if native is not None and prompt_file is not None:
                 for c in configs:
-                    cs = replace(settings, draft_path=c.draft_path)
+                    cs = replace(settings, draft_path=c.draft_path, **dict(c.overrides))
                     try:
                         nr = run_native(native, target.path, c.spec, prompt_file, cs).compare_to(plain)
                     except NativeRunError as e:

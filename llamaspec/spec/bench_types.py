@@ -46,6 +46,9 @@ class Config:
     label: str
     spec: str
     draft_path: Path | None = None
+    # BenchSettings fields this configuration sets for itself (a stored `tune` result: draft_max,
+    # draft_p_min, ngram); the benchmark's own settings otherwise
+    overrides: tuple[tuple[str, Any], ...] = ()
 
     @property
     def draft(self) -> str | None:

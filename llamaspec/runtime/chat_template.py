@@ -1,0 +1,220 @@
+"""A model's chat template (Jinja text from its GGUF) rendered sandboxed, with bounded time and size.
+
+The template comes from a downloaded file, so it is untrusted code. It runs in Jinja's
+ImmutableSandboxedEnvironment, as llama-cpp-python's Jinja2ChatFormatter and transformers do,
+tightened: an unsafe attribute (`__class__`, `__globals__`, `mro`...) is an error at once, not a
+silent empty string; operators, calls, filters and `~` that would build a huge string or list (a
+memory bomb) are refused before or right after they run; rendering stops after TIME_LIMIT seconds
+(in the main thread). The globals are those HF / llama.cpp templates expect: messages,
+add_generation_prompt, bos_token, eos_token, raise_exception, strftime_now, tools=None...
+
+Every failure is one ChatTemplateError line naming the model file (exit code 1; `--raw` skips the
+template): "its chat template tried an unsafe operation", "has a syntax error at line N",
+"refused the messages: <its raise_exception message>", "failed: ...".
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import signal
+import threading
+from datetime import datetime
+from typing import Any
+
+from llamaspec.errors import ChatTemplateError
+
+TIME_LIMIT = 10.0            # seconds; real templates render in milliseconds
+MAX_INT_ARG = 1_000_000      # widths, counts and repeats passed to calls and filters
+MIN_MAX_LEN = 16_000_000     # characters / items any value may reach (more with long messages)
+RAW_HINT = "use --raw to send the prompt without the chat template"
+
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+        "//": operator.floordiv, "%": operator.mod, "**": operator.pow}
+
+
+class _Raised(Exception):
+    """raise_exception(...) called by the template."""
+
+
+class _TimedOut(Exception):
+    pass
+
+
+def _env_class():
+    from jinja2.compiler import CodeGenerator
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+    class IgnoreGeneration(Extension):
+        """HF's `{% generation %}` tag: render its body as is."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            parser.stream.skip(1)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    class Codegen(CodeGenerator):
+        def visit_Concat(self, node, frame):  # `a ~ b`: through the size check
+            self.write("environment.checked_concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
+    class Env(ImmutableSandboxedEnvironment):
+        code_generator_class = Codegen
+        intercepted_binops = frozenset(_OPS)
+        max_len = MIN_MAX_LEN
+
+        def unsafe_undefined(self, obj, attribute):
+            raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object")
+
+        def sized(self, value):
+            if isinstance(value, (str, bytes, list, tuple, dict)) and len(value) > self.max_len:
+                raise SecurityError(f"a value of {len(value):,} items (limit {self.max_len:,})")
+            if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+                raise SecurityError("an integer of more than 256 bits")
+            return value
+
+        def check_args(self, args, kwargs):
+            for a in (*args, *kwargs.values()):
+                if isinstance(a, int) and not isinstance(a, bool) and abs(a) > MAX_INT_ARG:
+                    raise SecurityError(f"a call with the argument {a} (limit {MAX_INT_ARG:,})")
+
+        def call_binop(self, context, op, left, right):
+            if op == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+                raise SecurityError(f"a power with exponent {right}")
+            if op == "*":
+                seq, n = (left, right) if isinstance(right, int) else (right, left)
+                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and len(seq) * n > self.max_len:
+                    raise SecurityError(f"repeating {len(seq):,} items {n:,} times")
+            if op == "%" and isinstance(left, str):
+                self.check_format(left)
+            return self.sized(_OPS[op](left, right))
+
+        def check_format(self, text: str) -> None:
+            import re
+
+            if re.search(r"[0-9]{7,}", text) and ("%" in text or "{" in text):
+                raise SecurityError("a format string with a huge width")
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's signature
+            __self.check_args(args, kwargs)
+            for a in args:
+                if isinstance(a, str) and getattr(__obj, "__name__", "") in ("format", "format_map"):
+                    __self.check_format(a)
+            if getattr(__obj, "__name__", "") in ("format", "format_map") and isinstance(
+                    getattr(__obj, "__self__", None), str):
+                __self.check_format(__obj.__self__)
+            return __self.sized(super().call(__context, __obj, *args, **kwargs))
+
+        def checked_concat(self, values):
+            total = sum(len(v) if isinstance(v, str) else 0 for v in values)
+            if total > self.max_len:
+                raise SecurityError(f"joining {total:,} characters (limit {self.max_len:,})")
+            return self.sized("".join(map(str, values)))
+
+    return Env, IgnoreGeneration, SecurityError
+
+
+def _guarded(env, fn):
+    """A filter whose width/count arguments are bounded and whose result is size-checked."""
+    skip = 2 if hasattr(fn, "jinja_pass_arg") else 1  # the context/environment, then the filtered value
+
+    def wrapper(*args, **kwargs):
+        env.check_args(args[skip:], kwargs)
+        return env.sized(fn(*args, **kwargs))
+
+    for attr in ("jinja_pass_arg", "environmentfilter", "contextfilter", "evalcontextfilter"):
+        if hasattr(fn, attr):
+            setattr(wrapper, attr, getattr(fn, attr))
+    return wrapper
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message: str = "") -> None:
+    raise _Raised(str(message))
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def render(template: str, messages: list[dict[str, Any]], *, source: str, bos_token: str = "",
+           eos_token: str = "", add_generation_prompt: bool = True, time_limit: float = TIME_LIMIT,
+           **extra: Any) -> str:
+    """The prompt `template` makes of `messages`, or a ChatTemplateError naming `source`."""
+    import jinja2
+    from jinja2.ext import loopcontrols
+
+    Env, IgnoreGeneration, SecurityError = _env_class()
+    env = Env(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
+              extensions=[IgnoreGeneration, loopcontrols])
+    env.max_len = max(MIN_MAX_LEN, 8 * sum(len(str(m.get("content") or "")) for m in messages))
+    env.filters["tojson"] = _tojson
+    for name, fn in list(env.filters.items()):
+        env.filters[name] = _guarded(env, fn)
+    where = f"{source}: its chat template"
+    try:
+        compiled = env.from_string(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"{where} has a syntax error at line {exc.lineno}: {_line(exc)}", RAW_HINT) from None
+    except SecurityError as exc:
+        raise ChatTemplateError(f"{where} tried an unsafe operation ({_line(exc)})", RAW_HINT) from None
+    except (RecursionError, MemoryError, Exception) as exc:  # noqa: BLE001 - untrusted code: any failure
+        raise ChatTemplateError(f"{where} cannot be compiled: {type(exc).__name__}: {_line(exc)}", RAW_HINT) from None
+    context = dict(messages=messages, bos_token=bos_token, eos_token=eos_token,
+                   add_generation_prompt=add_generation_prompt, raise_exception=_raise_exception,
+                   strftime_now=_strftime_now, tools=None, functions=None, tool_choice=None, documents=None)
+    context.update(extra)
+    try:
+        with _deadline(time_limit):
+            return compiled.render(**context)
+    except SecurityError as exc:
+        raise ChatTemplateError(f"{where} tried an unsafe operation ({_line(exc)})", RAW_HINT) from None
+    except _Raised as exc:
+        raise ChatTemplateError(f"{where} refused the messages: {_line(exc)}", RAW_HINT) from None
+    except _TimedOut:
+        raise ChatTemplateError(f"{where} did not finish within {time_limit:g} s (an endless loop?)",
+                                RAW_HINT) from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"{where} has a syntax error at line {exc.lineno}: {_line(exc)}", RAW_HINT) from None
+    except (RecursionError, MemoryError, Exception) as exc:  # noqa: BLE001 - untrusted code: any failure
+        raise ChatTemplateError(f"{where} failed: {type(exc).__name__}: {_line(exc)}", RAW_HINT) from None
+
+
+def _line(exc: BaseException) -> str:
+    text = " ".join(str(getattr(exc, "message", None) or exc).split())
+    return text[:200] + ("..." if len(text) > 200 else "")
+
+
+class _deadline:
+    """SIGALRM after `seconds` raises _TimedOut in the main thread (elsewhere: no limit)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.armed = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+
+    def __enter__(self):
+        if self.armed:
+            self.old = signal.signal(signal.SIGALRM, self._fire)
+            self.old_timer = signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    @staticmethod
+    def _fire(signum, frame):
+        raise _TimedOut()
+
+    def __exit__(self, *exc):
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.old)
+            if self.old_timer[0]:
+                signal.setitimer(signal.ITIMER_REAL, *self.old_timer)
+        return False
