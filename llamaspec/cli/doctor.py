@@ -55,9 +55,11 @@ def _amx_line(amx: dict) -> str:
 @output_flags
 def doctor(*, out: Output) -> None:
     """Show llama-cpp-python / llama.cpp versions, CPU features (and the AMX policy), backends and GPU support."""
+    from llamaspec.runtime.devices import offload_report
     from llamaspec.runtime.info import collect
 
     info = collect()
+    info["offload"] = offload_report()   # devices, free memory, what -ngl/-ngld auto does here
     if out.verbose:
         out.detail(info["system_info"])
     out.data(info, human=lambda c: _render(info, c), quiet=info["llama_cpp_python"])

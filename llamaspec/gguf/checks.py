@@ -65,9 +65,6 @@ def check_metadata(metadata: dict[str, Any], source: str) -> None:
     align = metadata.get("general.alignment")
     if align is not None and (align <= 0 or align & (align - 1)):
         raise corrupt(source, f"key 'general.alignment' is {align}, expected a power of two")
-    for key in metadata:
-        if not key.isprintable():
-            raise corrupt(source, f"key {key!r} is not printable UTF-8")
 
 
 def _data_start(metadata: dict[str, Any], header_end: int) -> int:

@@ -213,20 +213,15 @@ class _Reader:
     def u64(self) -> int:
         return U64.unpack(self.take(8))[0]
 
-    def string(self, strict: bool = False) -> str:
-        """A string; `strict` (keys and tensor names) refuses bytes that are not UTF-8."""
+    def string(self, errors: str = "surrogateescape") -> str:
         at = self.offset
         n = self.u64()
         if n > _MAX_STRING and self.size is None:
             raise self.corrupt(f"string of {n} bytes", at)
         self._room(n, "the string", at)
-        data = self.take(n)
-        if not strict:
-            return data.decode("utf-8", errors="surrogateescape")
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise self.corrupt(f"{data[:40]!r} is not valid UTF-8", at) from None
+        # Keys and names keep bytes that are not UTF-8 (llama.cpp compares bytes); string values
+        # are shown to users, so such bytes become U+FFFD there.
+        return self.take(n).decode("utf-8", errors=errors)
 
     def strings(self, count: int) -> list[str]:
         """A string array; the hot loop for 100k+ token vocabularies, so it works on the buffer."""
@@ -259,7 +254,7 @@ class _Reader:
         if scalar is not None:
             return scalar.unpack(self.take(scalar.size))[0]
         if vtype == T_STRING:
-            return self.string()
+            return self.string(errors="replace")
         if vtype == T_ARRAY:
             at = self.offset
             etype = self.u32()
@@ -315,7 +310,7 @@ def read_header(stream: BinaryIO, *, source: str = "<stream>", chunk: int = 1 <<
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
         r.where = f"key #{i}"
-        key = r.string(strict=True)
+        key = r.string()
         r.where = f"key #{i} {key!r}"
         if key in metadata:
             raise r.corrupt("the key appears twice")
@@ -325,7 +320,7 @@ def read_header(stream: BinaryIO, *, source: str = "<stream>", chunk: int = 1 <<
     names: set[str] = set()
     for j in range(n_tensors):
         r.where = f"tensor info #{j}"
-        name = r.string(strict=True)
+        name = r.string()
         r.where = f"tensor info #{j} {name!r}"
         if name in names:
             raise r.corrupt("the tensor name appears twice")

@@ -32,7 +32,7 @@ from llamaspec.gguf.header import (
     _ARRAY_CODES, GGUF_MAGIC, GGUF_VERSIONS, MAX_DIMS, SCALAR_TYPES, T_ARRAY, T_STRING, U32, U64, GGUFHeader,
     TensorInfo,
 )
-from llamaspec.gguf.checks import check_metadata, data_end
+from llamaspec.gguf.checks import ARCH_INT_KEYS, KNOWN_TYPES, check_metadata, data_end
 from llamaspec.errors import ModelFileError
 from llamaspec.gguf.vocab import VOCAB_TYPES
 
@@ -229,7 +229,8 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
             meta[key] = scalar.unpack_from(mm, pos)[0]
             pos += scalar.size
         elif vtype == T_STRING:
-            meta[key], pos = _str(mm, pos)
+            text, pos = _str(mm, pos)
+            meta[key] = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # as read_file
         elif key == "tokenizer.ggml.tokens" and vtype == T_ARRAY and _u32(mm, pos)[0] == T_STRING:
             count = _u64(mm, pos + 4)[0]
             pos += 12
@@ -258,6 +259,8 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
                 arr.byteswap()
             meta[key] = arr
             pos += count * arr.itemsize
+        elif key in KNOWN_TYPES or key.rsplit(".", 1)[-1] in ARCH_INT_KEYS:
+            return None  # a known key of the wrong type: the full parser names it
         else:
             pos = _skip_value(mm, vtype, pos, end)  # long arrays other than the tokens are not needed
         if pos > end:

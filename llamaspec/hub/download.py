@@ -200,8 +200,10 @@ def _get(part: Part, on_bytes) -> None:
                         on_bytes(len(chunk))
             if part.size == 0:
                 break
-            if part.have < part.size:
-                raise httpx2.RemoteProtocolError("connection closed early")
+            if part.have < part.size and (r.status_code != 206 or part.have == before):
+                # A complete response (httpx checked its Content-Length) that ends short of the size
+                # announced: not a cut connection but a wrong file.
+                raise _corrupt(part, f"the server sent {part.have:,} of the {part.size:,} bytes it announced")
         except (httpx2.TransportError, httpx2.RemoteProtocolError) as exc:
             failures = 0 if part.have > before else failures + 1
             if failures >= MAX_FAILURES:

@@ -90,7 +90,7 @@ def list_repo(ref: HubRef, *, offline: bool = False) -> RepoListing:
         why = bad_path(name)
         if why is not None:
             rejected[name] = why
-            log.warning("%s: skipping unsafe file name %s in the Hub's listing (%s)", ref.repo_id, shown(name), why)
+            log.info("%s: skipping unsafe file name %s in the Hub's listing (%s)", ref.repo_id, shown(name), why)
             continue
         files.append(name)
         if s.size is not None:
@@ -113,7 +113,9 @@ def choose(listing: RepoListing) -> list[str]:
     except HubError as exc:
         if not listing.rejected:
             raise
-        name, why = next(iter(listing.rejected.items()))
+        name = (ref.path if ref.path in listing.rejected else select.find_model(list(listing.rejected), ref.quant)
+                or next(iter(listing.rejected)))
+        why = listing.rejected[name]
         more = f" (and {len(listing.rejected) - 1} more)" if len(listing.rejected) > 1 else ""
         raise HubError(f"{exc.message}; the Hub also listed an unsafe file name {shown(name)}{more} ({why}), "
                        "which was refused", "the repository is broken or hostile; use another one") from None

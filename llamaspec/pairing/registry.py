@@ -259,6 +259,19 @@ def load_family_file(path: str | os.PathLike[str]) -> Family:
 _cache: dict[tuple, Registry] = {}
 
 
+def _check_unique_ids(families: list[Family]) -> None:
+    """A model id names one entry in the whole registry (within a file the schema checks it): `pair`
+    and `--draft auto` report drafts by id, so two families must not both define one."""
+    seen: dict[str, tuple[Path, int]] = {}
+    for fam in families:
+        for m in fam.models:
+            if m.id in seen:
+                path, line = seen[m.id]
+                raise RegistryError(f"{fam.path}:{m.line}: model id {m.id!r} is already defined in {path}:{line}",
+                                    "model ids must be unique across pairings/*.yaml; rename one")
+            seen[m.id] = (fam.path, m.line)
+
+
 def load_registry(directory: str | os.PathLike[str] | None = None) -> Registry:
     """Load and validate every pairings/*.yaml; cached per process by (file, mtime, size)."""
     d = Path(directory) if directory is not None else default_pairings_dir()
@@ -269,6 +282,7 @@ def load_registry(directory: str | os.PathLike[str] | None = None) -> Registry:
     if key in _cache:
         return _cache[key]
     reg = Registry([load_family_file(p) for p in files], d)
+    _check_unique_ids(reg.families)
     _cache.clear()
     _cache[key] = reg
     return reg

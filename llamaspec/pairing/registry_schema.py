@@ -9,6 +9,7 @@ records. `dump_family` writes a family the way the shipped files look (scripts/v
 from __future__ import annotations
 
 import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,22 @@ _FP = re.compile(r"^[0-9a-f]{16}$")
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+class _Brief(reprlib.Repr):
+    def repr_LineList(self, x, level):  # noqa: N802 - reprlib dispatches on the type's name
+        return self.repr_list(x, level)
+
+    def repr_LineDict(self, x, level):  # noqa: N802
+        return self.repr_dict(x, level)
+
+
+_REPR = _Brief()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxtuple, _REPR.maxset = 2, 4, 4, 4, 4
+_REPR.maxstring, _REPR.maxlong, _REPR.maxother = 60, 40, 60
+
+
+def brief(value: Any) -> str:
+    """A value shown in an error: bounded, whatever it is (a YAML alias bomb expands to 10^N items)."""
+    return _REPR.repr(value)
 
 
 # ---- YAML with line numbers --------------------------------------------------------------------
@@ -65,7 +82,7 @@ def _construct_mapping(loader, node):
         if not isinstance(key, (str, int, float, bool)) and key is not None:
             raise _LineError(line, "mapping keys must be plain scalars")
         if key in d:
-            raise _LineError(line, f"duplicate key {key!r}")
+            raise _LineError(line, f"duplicate key {brief(key)}")
         d[key] = loader.construct_object(v_node, deep=True)
         d.key_lines[key] = line
     return d
@@ -117,8 +134,13 @@ def read_yaml(path: Path) -> Any:
         if exc.context and exc.context_mark and exc.problem_mark and exc.context_mark.line != exc.problem_mark.line:
             what += f" ({exc.context} started at line {exc.context_mark.line + 1})"
         raise RegistryError(f"{path}:{line}: invalid YAML: {what}", _HINT) from None
-    except yaml.YAMLError as exc:
-        raise RegistryError(f"{path}: invalid YAML: {exc}", _HINT) from None
+    except yaml.YAMLError as exc:  # the reader's errors (a NUL, bad UTF-8) carry a position, not a mark
+        pos = getattr(exc, "position", None)
+        where = f":{text.count(chr(10), 0, pos) + 1}" if isinstance(pos, int) else ""
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RegistryError(f"{path}{where}: invalid YAML: {first}", _HINT) from None
+    except RecursionError:
+        raise RegistryError(f"{path}: invalid YAML: nested too deeply", _HINT) from None
 
 
 # ---- validation --------------------------------------------------------------------------------
@@ -142,10 +164,10 @@ class _V:
         for k in d:
             if k not in required and k not in optional:
                 allowed = ", ".join(sorted(required | optional))
-                self.fail(d.key_lines.get(k, d.line), f"unknown key {k!r} in {what} (allowed: {allowed})")
+                self.fail(d.key_lines.get(k, d.line), f"unknown key {brief(k)} in {what} (allowed: {allowed})")
         for k in sorted(required):
             if k not in d:
-                self.fail(d.line, f"{what} is missing required key {k!r}")
+                self.fail(d.line, f"{what} is missing required key {brief(k)}")
 
     def line(self, d: LineDict, key: str) -> int:
         return d.key_lines.get(key, d.line)
@@ -158,13 +180,13 @@ class _V:
         if not isinstance(v, str) or not v.strip():
             self.fail(self.line(d, key), f"{what}{key} must be a non-empty string")
         if pattern is not None and not pattern.match(v):
-            self.fail(self.line(d, key), f"{what}{key} {v!r} is not in the expected form ({pattern.pattern})")
+            self.fail(self.line(d, key), f"{what}{key} {brief(v)} is not in the expected form ({pattern.pattern})")
         return v
 
     def choice(self, d: LineDict, key: str, choices, what: str = "") -> str:
         v = d.get(key)
         if v not in choices:
-            self.fail(self.line(d, key), f"{what}{key} must be one of {', '.join(choices)} (got {v!r})")
+            self.fail(self.line(d, key), f"{what}{key} must be one of {', '.join(choices)} (got {brief(v)})")
         return v
 
     def boolean(self, d: LineDict, key: str, default: bool = False) -> bool:
@@ -172,7 +194,7 @@ class _V:
             return default
         v = d[key]
         if not isinstance(v, bool):
-            self.fail(self.line(d, key), f"{key} must be true or false (got {v!r})")
+            self.fail(self.line(d, key), f"{key} must be true or false (got {brief(v)})")
         return v
 
     def str_list(self, d: LineDict, key: str, *, pattern: re.Pattern | None = None, optional: bool = False,
@@ -200,10 +222,10 @@ def validate(data: Any, path: Path) -> dict:
     v.keys(top, "the file", {"schema", "family", "description", "architectures", "tokenizer", "models", "pairs"},
            {"mtp", "mtp_note"})
     if top["schema"] != SCHEMA_VERSION:
-        v.fail(v.line(top, "schema"), f"schema must be {SCHEMA_VERSION} (got {top['schema']!r})")
+        v.fail(v.line(top, "schema"), f"schema must be {SCHEMA_VERSION} (got {brief(top['schema'])})")
     name = v.string(top, "family", pattern=_ID)
     if name != path.stem:
-        v.fail(v.line(top, "family"), f"family {name!r} must match the file name {path.stem!r}")
+        v.fail(v.line(top, "family"), f"family {brief(name)} must match the file name {path.stem!r}")
     description = v.string(top, "description")
     archs = v.str_list(top, "architectures")
     mtp = v.boolean(top, "mtp")
@@ -231,10 +253,10 @@ def validate(data: Any, path: Path) -> dict:
                {"repo", "quant", "package", "file", "derived_from", "params", "note", "kind"})
         mid = v.string(m, "id", pattern=_ID)
         if any(x["id"] == mid for x in models):
-            v.fail(v.line(m, "id"), f"duplicate model id {mid!r}")
+            v.fail(v.line(m, "id"), f"duplicate model id {brief(mid)}")
         kinds = [k for k in ("repo", "package", "derived_from") if k in m]
         if len(kinds) != 1:
-            v.fail(m.line, f"model {mid!r} needs exactly one of repo, package, derived_from (has {kinds or 'none'})")
+            v.fail(m.line, f"model {brief(mid)} needs exactly one of repo, package, derived_from (has {kinds or 'none'})")
         params = m.get("params")
         if params is not None and (isinstance(params, bool) or not isinstance(params, (int, float)) or params <= 0):
             v.fail(v.line(m, "params"), "params must be a positive number (billions of parameters)")
@@ -244,14 +266,14 @@ def validate(data: Any, path: Path) -> dict:
         file = v.string(m, "file", optional=True)
         derived = v.string(m, "derived_from", optional=True)
         if (repo or derived) and not quant:
-            v.fail(m.line, f"model {mid!r} needs a quant (the tag matched against the repo's file listing)")
+            v.fail(m.line, f"model {brief(mid)} needs a quant (the tag matched against the repo's file listing)")
         if package and not file:
-            v.fail(m.line, f"model {mid!r} from a package needs `file` (its path inside site-packages)")
+            v.fail(m.line, f"model {brief(mid)} from a package needs `file` (its path inside site-packages)")
         if derived and not any(x["id"] == derived for x in models):
-            v.fail(v.line(m, "derived_from"), f"derived_from {derived!r} must name a model listed before it")
-        kind = v.choice(m, "kind", DRAFT_KINDS, f"model {mid!r} ") if "kind" in m else "draft-simple"
+            v.fail(v.line(m, "derived_from"), f"derived_from {brief(derived)} must name a model listed before it")
+        kind = v.choice(m, "kind", DRAFT_KINDS, f"model {brief(mid)} ") if "kind" in m else "draft-simple"
         if kind != "draft-simple" and m.get("role") != "draft":
-            v.fail(v.line(m, "kind"), f"model {mid!r} of kind {kind} must have role draft (it only drafts)")
+            v.fail(v.line(m, "kind"), f"model {brief(mid)} of kind {kind} must have role draft (it only drafts)")
         models.append(dict(id=mid, role=v.choice(m, "role", ROLES), kind=kind,
                            params_b=None if params is None else float(params), source=v.string(m, "source"),
                            repo=repo, quant=quant, package=package, file=file, derived_from=derived,
@@ -268,9 +290,9 @@ def validate(data: Any, path: Path) -> dict:
         v.keys(p, f"pairs[{i}]", {"main", "draft", "status"}, {"recommended", "verified", "note"})
         main, draft = v.string(p, "main"), v.string(p, "draft")
         if roles.get(main) not in ("main", "both"):
-            v.fail(v.line(p, "main"), f"pairs[{i}].main {main!r} is not a model with role main/both in this file")
+            v.fail(v.line(p, "main"), f"pairs[{i}].main {brief(main)} is not a model with role main/both in this file")
         if roles.get(draft) not in ("draft", "both"):
-            v.fail(v.line(p, "draft"), f"pairs[{i}].draft {draft!r} is not a model with role draft/both in this file")
+            v.fail(v.line(p, "draft"), f"pairs[{i}].draft {brief(draft)} is not a model with role draft/both in this file")
         if any(x["main"] == main and x["draft"] == draft for x in pairs):
             v.fail(p.line, f"duplicate pair {main} <- {draft}")
         status = v.choice(p, "status", STATUSES, f"pairs[{i}].")
@@ -289,6 +311,8 @@ def validate(data: Any, path: Path) -> dict:
             v.string(rec, "how", what="verified.")
             v.string(rec, "main_fingerprint", pattern=_FP, what="verified.")
             v.string(rec, "draft_fingerprint", pattern=_FP, what="verified.")
+            for key in ("main_file", "draft_file", "reason"):
+                v.string(rec, key, optional=True, what="verified.")
             record = plain(rec)
         pairs.append(dict(main=main, draft=draft, status=status, recommended=v.boolean(p, "recommended"),
                           verified=record, note=v.string(p, "note", optional=True), line=p.line))

@@ -100,14 +100,13 @@ def _env_class():
             if re.search(r"[0-9]{7,}", text) and ("%" in text or "{" in text):
                 raise SecurityError("a format string with a huge width")
 
+        def wrap_str_format(self, value):  # `'...'.format` / `.format_map`, at attribute access
+            if isinstance(getattr(value, "__self__", None), str):
+                self.check_format(value.__self__)
+            return super().wrap_str_format(value)
+
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's signature
             __self.check_args(args, kwargs)
-            for a in args:
-                if isinstance(a, str) and getattr(__obj, "__name__", "") in ("format", "format_map"):
-                    __self.check_format(a)
-            if getattr(__obj, "__name__", "") in ("format", "format_map") and isinstance(
-                    getattr(__obj, "__self__", None), str):
-                __self.check_format(__obj.__self__)
             return __self.sized(super().call(__context, __obj, *args, **kwargs))
 
         def checked_concat(self, values):

@@ -338,14 +338,7 @@ def collect() -> dict:
         "max_devices": int(llama_cpp.llama_max_devices()),
         "gpu_build_commands": {} if gpu else GPU_BUILDS,
         "amx": amx_report(),
-        "offload": _offload_report(),
     }
-
-
-def _offload_report() -> dict:
-    from llamaspec.runtime.devices import offload_report  # devices + what -ngl/-ngld auto does
-
-    return offload_report()
 
 
 def amx_report(flag: bool | None = None) -> dict:

@@ -190,16 +190,16 @@ class Model:
         return self.meta("tokenizer.chat_template")
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """Render messages with the model's own chat template (Jinja, as in the GGUF)."""
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        """Render messages with the model's own chat template (Jinja, as in the GGUF), sandboxed:
+        a template that fails or tries an unsafe operation is a ChatTemplateError naming the file."""
+        from llamaspec.runtime.chat_template import render
 
         template = self.chat_template
         if not template:
             raise ModelLoadError(f"{self.path.name} has no chat template", "use --raw for plain completion")
-        fmt = Jinja2ChatFormatter(template=template, eos_token=self.token_text(self.eos) if self.eos >= 0 else "",
-                                  bos_token=self.token_text(self.bos) if self.bos >= 0 else "",
-                                  add_generation_prompt=True)
-        return fmt(messages=messages).prompt
+        return render(template, messages, source=str(self.path),
+                      eos_token=self.token_text(self.eos) if self.eos >= 0 else "",
+                      bos_token=self.token_text(self.bos) if self.bos >= 0 else "", add_generation_prompt=True)
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokenize a full prompt, adding BOS only if the text does not already start with it."""

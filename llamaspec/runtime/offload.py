@@ -16,8 +16,10 @@ Simplifications, all erring towards fewer layers: only whole layers (no MoE expe
 CPU, fit.cpp's steps 3-4), no context shrinking (llamaspec's default context is 4096, not the
 training one), every attention layer's KV at the full context (SWA windows not subtracted), and
 with several GPUs the layers are split by free memory, llama.cpp's default when only n_gpu_layers is
-set (fit.cpp also sets tensor_split). Extension: a draft that does not fit entirely is cut down
-instead of left to fail (fit.cpp would keep it whole).
+set (fit.cpp also sets tensor_split). One guess errs the other way: the compute allowance assumes
+flash attention (llama.cpp's auto turns it on for CUDA, Metal, Vulkan); without it a ubatch's KQ
+scores come on top, which the 1 GiB margin absorbs at common sizes. Extension: a draft that does
+not fit entirely is cut down instead of left to fail (fit.cpp would keep it whole).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 GIB = 1 << 30
 MIB = 1 << 20

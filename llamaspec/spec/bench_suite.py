@@ -214,12 +214,17 @@ def run_suite(targets: Sequence[Target], prompts: Sequence[SuitePrompt], setting
     `on_prompt(target, source, prompt tokens, chat used)` before a prompt's runs; `on_run(target,
     prompt id, rep, RepResult)` after each run. Prompts are tokenized and checked against the
     context before a target's first run, so a prompt that does not fit fails before any timing."""
+    from llamaspec.runtime.devices import plan_offload
     from llamaspec.runtime.llama import Model
     from llamaspec.spec.options import loads_mtp_layers
 
     result = SuiteResult(list(targets), [], settings, reps)
     for t in targets:
-        model = Model(t.path, load_mtp=any(loads_mtp_layers(c.spec) for c in t.configs), amx=amx)
+        mtp = any(loads_mtp_layers(c.spec) for c in t.configs)
+        # GPU offload as `run` does it (auto: what fits); each mode's draft is placed beside it
+        ngl = plan_offload(t.path, None, n_gpu_layers=None, n_gpu_layers_draft=None, n_ctx=settings.ctx,
+                           default_ctx=settings.ctx, load_mtp=mtp).n_gpu_layers
+        model = Model(t.path, n_gpu_layers=ngl, load_mtp=mtp, amx=amx)
         try:
             prepared = _prepare(model, prompts, chat, settings, len(prompts) > 1)
             for i, (p, source, formatted, tokens, used_chat) in enumerate(prepared):

@@ -43,7 +43,7 @@ def tuned_summary(info: dict[str, Any] | None) -> str | None:
 
 def apply_tuned(target_path: os.PathLike[str] | str, draft_path: os.PathLike[str] | str | None,
                 spec_types: Sequence[str], *, spec_type_given: bool, draft_given: bool, draft_max: int | None,
-                draft_p_min: float, ngram: NgramParams | None, n_gpu_layers: int = 0,
+                draft_p_min: float, ngram: NgramParams | None, n_gpu_layers: int | None = None,
                 n_seq: int = 1) -> Applied | None:
     """The settings with the stored configuration for these files applied; None when none applies.
 
@@ -95,7 +95,7 @@ def apply_tuned(target_path: os.PathLike[str] | str, draft_path: os.PathLike[str
                    uses_draft=needs_draft_model(types), info=info)
 
 
-def _find(target_path, draft_path, n_gpu_layers: int) -> TunedConfig | None:
+def _find(target_path, draft_path, n_gpu_layers: int | None) -> TunedConfig | None:
     try:
         return lookup(target_path, draft_path, n_gpu_layers)
     except OSError as e:   # never fail a generation over the store

@@ -73,7 +73,13 @@ def tune_pair(target_path: Path, draft_path: Path | None, *, prompts_file: Path 
 
     has_mtp = read_file(target_path).nextn_predict_layers > 0
     threads = threads or default_threads()
-    target = Model(target_path, load_mtp=has_mtp, amx=amx)
+    from llamaspec.runtime.devices import plan_offload
+    from llamaspec.spec.options import DEFAULT_CTX
+
+    # GPU offload as `run` does it by default (auto), so what is tuned is what `run` will load
+    ngl = plan_offload(Path(target_path), None, n_gpu_layers=None, n_gpu_layers_draft=None, n_ctx=ctx,
+                       default_ctx=DEFAULT_CTX, load_mtp=has_mtp).n_gpu_layers
+    target = Model(target_path, n_gpu_layers=ngl, load_mtp=has_mtp, amx=amx)
     try:
         n_ctx = ctx or target.n_ctx_train
         cal = calibration_prompts(target, prompts_file, chat, n, n_ctx)

@@ -104,8 +104,9 @@ def _cpu_model() -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def device_identity(n_gpu_layers: int = 0) -> Fingerprint:
-    """The CPU (and the features the ggml build uses) when nothing is offloaded, else the GPUs too."""
+def device_identity(n_gpu_layers: int | None = None) -> Fingerprint:
+    """The CPU (and the features the ggml build uses) when nothing is offloaded (-ngl 0, or a build
+    without GPUs), else the GPUs too; None is -ngl auto, which offloads on a GPU build."""
     from llamaspec.runtime import info
 
     facts_all = info.collect()

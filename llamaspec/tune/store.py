@@ -188,14 +188,14 @@ def write_entries(entries: list[Entry], path: Path | None = None) -> Path:
 
 
 def current_key(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None,
-                n_gpu_layers: int = 0) -> Entry:
+                n_gpu_layers: int | None = None) -> Entry:
     """An entry without a config (its key parts) for these files on this build and device."""
     return Entry(file_identity(target_path), file_identity(draft_path) if draft_path else None,
                  build_identity(), device_identity(n_gpu_layers), TunedConfig("none"))
 
 
 def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, config: TunedConfig,
-         n_gpu_layers: int = 0) -> Entry:
+         n_gpu_layers: int | None = None) -> Entry:
     """Store `config` for this pair, build and device (replacing an older one); returns the entry."""
     if not config.created:
         config.created = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
@@ -207,7 +207,7 @@ def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str]
 
 
 def lookup(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None = None,
-           n_gpu_layers: int = 0) -> TunedConfig | None:
+           n_gpu_layers: int | None = None) -> TunedConfig | None:
     """The stored configuration for this target and draft (None: no draft model) on this llama.cpp
     build and device; None when nothing matches (or a file changed since it was tuned)."""
     path = store_path()

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Replay n-gram drafters and the adaptive controller against a recorded greedy output.
+
+Greedy verification accepts a draft exactly as far as it matches what the target writes anyway,
+so with the target's plain output recorded once, drafters and draft-length policies can be
+compared deterministically and in milliseconds, without the noise of a shared machine. The cost
+of a step comes from a verify-cost curve t(n)/t(1) (measure it with `--measure MODEL`); drafting
+is counted as free (n-gram drafters cost microseconds). The speedup is modelled, not measured:
+confirm a choice with `llamaspec bench`.
+
+    scripts/replay_drafters.py --record MODEL --prompt-preset code -o code.json
+    scripts/replay_drafters.py --measure MODEL                       # prints a curve
+    scripts/replay_drafters.py code.json --curve 1:1,2:1.8,8:3.3,16:5.2,32:9.5,64:16.3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from llamaspec.spec.controller import DraftLengthController
+from llamaspec.spec.costs import CostModel
+from llamaspec.spec.drafters.ngram_mod import NgramModDrafter
+from llamaspec.spec.drafters.ngram_simple import NgramSimpleDrafter
+from llamaspec.spec.drafters.prompt_lookup import PromptLookupDrafter
+from llamaspec.spec.match_controller import MatchController
+
+DRAFTERS = {
+    "prompt-lookup": lambda: PromptLookupDrafter(),
+    "ngram-simple": lambda: NgramSimpleDrafter(size_n=6, size_m=48),
+    "ngram-mod": lambda: NgramModDrafter(n_match=6, n_min=4, n_max=64),
+}
+
+
+def replay(make, prompt: list[int], out: list[int], curve: dict[int, float], k_max: int = 32,
+           adaptive: bool = True) -> tuple[int, float]:
+    """(verify steps, modelled speedup) of generating `out` after `prompt` with this drafter."""
+    xs, ys = zip(*sorted(curve.items()))
+    cost = lambda n: float(np.interp(n, xs, ys))  # noqa: E731
+
+    def controller(c: CostModel, prior: float = 0.6) -> DraftLengthController:
+        return DraftLengthController(n_min=1, n_max=k_max, cost=c, prior_alpha=prior)
+
+    drafter = make()
+    ctls = {}
+    for m in drafter.members():
+        c = CostModel(verify_ratio_fn=lambda k: cost(k + 1), draft_ratio_value=0.0)
+        ctls[m.name] = MatchController(controller, c) if m.sizes_by_match else controller(c)
+    drafter.begin(0, list(prompt), np.random.default_rng(0))
+    history, pos, steps, spent = list(prompt), 0, 0, 0.0
+    while pos < len(out):
+        draft = drafter.propose_within(
+            0, history, lambda d, match=None: ctls[d.name].choose(match) if adaptive else k_max)
+        toks = list(draft.tokens)[:k_max]
+        acc = 0
+        while acc < len(toks) and pos + acc < len(out) and toks[acc] == out[pos + acc]:
+            acc += 1
+        new = out[pos:pos + acc + 1]
+        for ctl in ctls.values():
+            ctl.observe(len(toks), acc) if toks else ctl.observe(0, 0)
+        drafter.accepted(0, acc, new)
+        history += new
+        pos += len(new)
+        steps += 1
+        spent += cost(len(toks) + 1)
+    return steps, len(out) / spent
+
+
+def record(model: str, preset: str, n: int, path: Path) -> None:
+    from llamaspec import Generator
+    from llamaspec.spec.bench_prompts import format_prompt, preset_text
+
+    text = preset_text(preset)
+    with Generator(model, spec_type="none", temperature=0, max_tokens=n) as g:
+        result = g.generate(text)
+        _, prompt, _ = format_prompt(g.pipeline.target, text)
+    path.write_text(json.dumps({"prompt": prompt, "out": result.tokens}))
+    print(f"{path}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", file=sys.stderr)
+
+
+def measure(model: str, threads: int) -> str:
+    from llamaspec.runtime.context import Context, ContextConfig
+    from llamaspec.runtime.llama import Model
+
+    m = Model(model)
+    ctx = Context(m, ContextConfig(n_ctx=1024, n_threads=threads))
+    toks = (m.tokenize("def f(x):\n    return x * 2\n" * 80) * 2)[:400]
+    ctx.decode(toks[:300], 0, 0)
+    times: dict[int, list[float]] = {}
+    for _ in range(7):
+        for n in (1, 2, 4, 8, 16, 32, 64):
+            t = time.perf_counter()
+            ctx.decode(toks[300:300 + n], 300, 0, outputs="all")
+            ctx.logits(n)
+            times.setdefault(n, []).append(time.perf_counter() - t)
+            ctx.seq_rm(0, 300)
+    t1 = float(np.median(times[1]))
+    return ",".join(f"{n}:{float(np.median(v)) / t1:.2f}" for n, v in times.items())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace", nargs="*", type=Path, help="recorded outputs (JSON: prompt, out)")
+    ap.add_argument("--curve", default="1:1,2:1.8,4:2.2,8:3.3,16:5.2,32:9.5,64:16.3",
+                    help="verify cost t(n)/t(1) as n:ratio pairs (default: SmolLM2 F16, 2 threads, "
+                         "2-core AVX-512 EPYC)")
+    ap.add_argument("--k-max", type=int, default=32)
+    ap.add_argument("--record", metavar="MODEL")
+    ap.add_argument("--prompt-preset", default="code")
+    ap.add_argument("-n", type=int, default=256)
+    ap.add_argument("-o", type=Path)
+    ap.add_argument("--measure", metavar="MODEL")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    a = ap.parse_args()
+    if a.record:
+        record(a.record, a.prompt_preset, a.n, a.o or Path(f"{a.prompt_preset}.json"))
+        return
+    if a.measure:
+        print(measure(a.measure, a.threads))
+        return
+    curve = {int(k): float(v) for k, v in (p.split(":") for p in a.curve.split(","))}
+    for trace in a.trace:
+        data = json.loads(trace.read_text())
+        for name, make in DRAFTERS.items():
+            for adaptive in (True, False):
+                steps, speed = replay(make, data["prompt"], data["out"], curve, a.k_max, adaptive)
+                how = "adaptive" if adaptive else f"fixed k={a.k_max}"
+                print(f"{trace.name}  {name:14s} {how:12s} {steps:4d} steps  {speed:.2f}x modelled")
+
+
+if __name__ == "__main__":
+    main()
