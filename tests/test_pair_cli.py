@@ -404,3 +404,18 @@ def test_check_and_pair_never_import_llama_cpp(tiny_models, tmp_path):
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "False"
+
+
+def test_auto_passes_over_a_draft_whose_weights_are_cut(run_cli, tiny_models, tmp_path, isolated_home):
+    """A draft on disk with a complete header but cut tensor data is compatible by its header, yet
+    cannot draft: --draft auto must not pick it (run would only fail later on the truncation)."""
+    d = tmp_path / "drafts"
+    d.mkdir()
+    data = tiny_models["draft"].read_bytes()
+    (d / "cut-draft.gguf").write_bytes(data[: len(data) - 4096])
+    r = run_cli("pair", str(tiny_models["target"]), "--search", str(d), "--offline", "--json")
+    assert r.exit_code == 0, r.stderr
+    info = r.json()
+    assert info["auto"]["kind"] == "prompt-lookup"
+    cand = next(c for c in info["on_disk"] if c["path"].endswith("cut-draft.gguf"))
+    assert cand["compatible"] is False and "truncated GGUF" in cand["reason"]

@@ -37,7 +37,8 @@ def sub(old: str, new: str, count: int = 1) -> str:
 
 # name -> (file text (str or bytes), expected line, what the message says)
 BROKEN = {
-    "unclosed-flow": (sub("architectures:\n- llama", "architectures: [llama"), line_of("tokenizer:"), "invalid YAML"),
+    "unclosed-flow": (sub("architectures:\n- llama", "architectures: [llama"), line_of("architectures:") + 1,
+                      "invalid YAML: did not find expected ',' or ']' (while parsing a flow sequence started at line 6)"),
     "tab-indent": (sub("  type: BPE", "\ttype: BPE"), line_of("  type: BPE"), "invalid YAML"),
     "bad-indent": (sub("  pre: smollm", "     pre: smollm"), line_of("  pre: smollm"), "invalid YAML"),
     "nul-byte": (sub("  pre: smollm", "  pre: smo\0llm"), line_of("  pre: smollm"), "unacceptable character"),
@@ -70,7 +71,7 @@ BROKEN = {
                      "kind must be one of"),
     "recommended-string": (sub("  recommended: true", "  recommended: 'yes'"), line_of("  recommended: true"),
                            "recommended must be true or false"),
-    "models-mapping": (sub("models:\n", "models: {}\nxmodels:\n"), line_of("models:"), "unknown key 'xmodels'"),
+    "models-mapping": (sub("models:\n", "models: {}\nxmodels:\n"), line_of("models:") + 1, "unknown key 'xmodels'"),
     "pairs-string": (BASE[: BASE.index("pairs:")] + "pairs: none\n", line_of("pairs:"), "pairs must be a list"),
     "duplicate-model-id": (sub("- id: smollm2-135m-instruct\n", "- id: smollm2-1.7b-instruct\n"),
                            line_of("- id: smollm2-135m-instruct\n"), "duplicate model id 'smollm2-1.7b-instruct'"),
@@ -125,8 +126,9 @@ def test_a_family_copied_under_another_name_is_refused(tmp_path):
 
 def test_a_model_id_defined_in_two_families_is_refused(tmp_path):
     shutil.copy(PAIRINGS / "smollm2.yaml", tmp_path)
-    other = BASE.replace("family: smollm2", "family: smollm3").replace("smollm2-135m-instruct-pypi", "x-pypi")
-    path = _write(tmp_path, other.replace("- id: smollm2-135m-instruct-f16-local", "- id: z"), "smollm3.yaml")
+    other = BASE[: BASE.index("models:")].replace("family: smollm2", "family: smollm3") + (
+        "models:\n- id: smollm2-1.7b-instruct\n  role: draft\n  repo: a/b\n  quant: Q8_0\n  source: x\npairs: []\n")
+    path = _write(tmp_path, other, "smollm3.yaml")
     with pytest.raises(RegistryError) as info:
         registry.load_registry(tmp_path)
     msg = info.value.message

@@ -72,7 +72,7 @@ class Candidate:
 
     @property
     def compatible(self) -> bool:
-        return self.verdict is not None and self.verdict.compatible
+        return self.verdict is not None and self.verdict.compatible and not self.skipped
 
     def to_dict(self) -> dict:
         return {
@@ -80,7 +80,7 @@ class Candidate:
             "draft_kind": self.draft_kind,
             "architecture": self.architecture, "n_vocab": self.n_vocab, "vocab_type": self.vocab_type,
             "n_params": self.n_params, "file_type": self.file_type, "compatible": self.compatible,
-            "reason": self.verdict.reason if self.verdict else self.skipped,
+            "reason": self.skipped or (self.verdict.reason if self.verdict else None),
             "verdict": self.verdict.to_dict() if self.verdict else None,
         }
 
@@ -270,6 +270,7 @@ def scan(target: GGUFHeader, roots: Iterable[Root], *, target_path: str | os.Pat
                 cand.verdict = check_headers(target, header, target_vocab=tv)
                 cand.n_params, cand.file_type = header.n_params, header.file_type
                 cand.draft_kind = cand.verdict.draft_kind   # dflash: DFlash or DSpark by its tensors
+                why = header.missing_data()   # a cut file has a good header but cannot draft
             except LlamaspecError as exc:
                 why = exc.message
         cand.skipped = why
