@@ -53,4 +53,9 @@ def explain(exc: BaseException) -> Explained | None:
         return Explained(f"permission denied: {exc.filename}", "check file permissions", EXIT_FAILURE)
     if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
         return Explained("no space left on device", "free some disk space and retry", EXIT_FAILURE)
+    if isinstance(exc, OSError) and exc.errno in (27, 122):  # EFBIG (RLIMIT_FSIZE, FAT32), EDQUOT
+        what = "file too large for this disk (or the process's file-size limit)" if exc.errno == 27 \
+            else "disk quota exceeded"
+        where = f": {exc.filename}" if exc.filename else ""
+        return Explained(what + where, "free some space or write to another disk, then retry", EXIT_FAILURE)
     return None
