@@ -39,12 +39,15 @@ def _run_pair(run_cli, target: Path, kind: str, draft: Path, prompt: str, *extra
 
 
 # ---- lossless through the CLI, and the aligned drafts get their drafts accepted ------------------
-@pytest.mark.parametrize("kind, min_acceptance", [("dflash", 0.3), ("dspark", 0.6)])
+@pytest.mark.parametrize("kind, min_acceptance", [("dflash", 0.1), ("dspark", 0.4)])
 def test_cli_aligned_lossless_and_accepted(run_cli, spec_drafts, kind, min_acceptance):
-    # measured: dflash ~65% (mostly its first block position), dspark ~90% (whole blocks)
+    # measured with whole blocks (7-8 tokens a draft): dflash ~15% (its first block position ~96%,
+    # the rest ~0: uniform attention reads only the last token), dspark ~65% (whole blocks)
     drafted = accepted = 0
     for name, text in PROMPTS.items():
-        got, ref = _run_pair(run_cli, spec_drafts["bigram_target"], kind, spec_drafts[kind], text)
+        # --fixed-draft: acceptance of the drafts is the point here; whether drafting pays is the
+        # adaptive controller's call, by timings that mean little on tiny models
+        got, ref = _run_pair(run_cli, spec_drafts["bigram_target"], kind, spec_drafts[kind], text, "--fixed-draft")
         assert got["spec_type"] == f"draft-{kind}"
         assert got["tokens"] == ref["tokens"], name
         assert got["n_generated"] == 48

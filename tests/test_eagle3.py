@@ -40,7 +40,8 @@ def _run_pair(run_cli, target: Path, draft: Path, prompt: str, *extra: str) -> t
 def test_cli_aligned_lossless_and_accepted(run_cli, spec_drafts):
     drafted = accepted = 0
     for name, text in PROMPTS.items():
-        got, ref = _run_pair(run_cli, spec_drafts["bigram_target"], spec_drafts["eagle3"], text)
+        # --fixed-draft: acceptance is the point here, not whether drafting pays on tiny models
+        got, ref = _run_pair(run_cli, spec_drafts["bigram_target"], spec_drafts["eagle3"], text, "--fixed-draft")
         assert got["spec_type"] == "draft-eagle3"
         assert got["tokens"] == ref["tokens"], name
         assert got["n_generated"] == 48

@@ -49,7 +49,9 @@ def test_greedy_lossless_and_accepted(mtp_model):
     for name, text in PROMPTS.items():
         prompt = prompt_tokens(mtp_model, text)
         ref = generate(mtp_model, "none", prompt, n=64)
-        got = generate(mtp_model, "mtp", prompt, n=64)
+        # fixed length (llama.cpp's default 3): acceptance of the heads is the point here; whether
+        # drafting pays on a tiny model is the adaptive controller's call, by timings
+        got = generate(mtp_model, "mtp", prompt, n=64, adaptive=False, draft_max=3)
         assert len(got.tokens) == len(ref.tokens) == 64
         assert_lossless(mtp_model, prompt, ref.tokens, got.tokens, eps=1e-3, label=f"mtp/{name}")
         assert got.stats.drafts > 0, f"{name}: no drafts"
