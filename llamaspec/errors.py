@@ -7,10 +7,14 @@ user sees (llamaspec/cli/_errors.py); tracebacks are for bugs only.
 
 from __future__ import annotations
 
+import errno
+import os
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130   # SIGINT (Ctrl-C)
+EXIT_TERMINATED = 143    # SIGTERM (128 + 15, what a shell reports for a process killed by it)
 
 
 class LlamaspecError(Exception):
@@ -59,5 +63,29 @@ class InputError(LlamaspecError):
     """Bad input data: an unreadable prompt file, a broken JSONL line."""
 
 
+class DiskFullError(LlamaspecError):
+    """No space left (or a file-size limit, or a quota) while writing a file. Exit code 1; what was
+    written before is kept (the writers cut a partial record, or write atomically)."""
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def disk_full(path: str | os.PathLike, exc: BaseException, hint: str) -> DiskFullError | None:
+    """The DiskFullError for `exc` raised writing `path`, or None when it is another error:
+    `raise disk_full(path, e, "...") or e`."""
+    if not isinstance(exc, OSError) or exc.errno not in DISK_FULL_ERRNOS:
+        return None
+    why = {errno.ENOSPC: "no space left on device",
+           errno.EFBIG: "file too large (the disk's or the process's file-size limit)",
+           errno.EDQUOT: "disk quota exceeded"}[exc.errno]
+    return DiskFullError(f"disk full writing {os.fspath(path)}: {why}", hint)
+
+
 class ContextFullError(LlamaspecError):
     """Generation reached the context size."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt (the CLI's handler, cli/_errors.py),
+    so that the same code keeps partial results and cleans up; the exit code is EXIT_TERMINATED."""

@@ -22,7 +22,7 @@ from contextlib import suppress
 from typing import Any, Iterable, Iterator
 
 from llamaspec.batch.requests import CHAT, LineError, Request
-from llamaspec.errors import InputError, UsageError
+from llamaspec.errors import InputError, UsageError, disk_full
 
 __all__ = ["result_record", "error_record", "OutputFile", "check_or_write_manifest", "manifest_path"]
 
@@ -196,9 +196,18 @@ class OutputFile:
         if not self._checked:
             self.done_ids()  # never glue a record onto a previous run's half line
         data = memoryview((json.dumps(_finite(record), ensure_ascii=False) + "\n").encode())
-        while data:
-            data = data[os.write(self._fd, data):]
-        os.fsync(self._fd)
+        end, whole = os.lseek(self._fd, 0, os.SEEK_END), len(data)
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+            os.fsync(self._fd)
+        except BaseException as e:  # a full disk (or Ctrl-C) mid-record: cut it, keep the file valid JSONL
+            with suppress(OSError):
+                if os.fstat(self._fd).st_size != end + whole:   # (a record written whole is kept)
+                    os.ftruncate(self._fd, end)
+                os.fsync(self._fd)
+            raise disk_full(self.path, e, "free some space, then run the same command again: it resumes "
+                                          "after the records written") or e
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -261,5 +270,8 @@ def check_or_write_manifest(output_path: str | os.PathLike, settings: dict,
             raise UsageError(problem, hint="--force to continue with the new settings, or a new -o")
         status = "overwritten"
     doc = {"format": "llamaspec-batch/1", "settings": new}
-    _write_atomic(mpath, [(json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()])
+    try:
+        _write_atomic(mpath, [(json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()])
+    except OSError as e:
+        raise disk_full(mpath, e, "free some space, then run the same command again") or e
     return status

@@ -6,8 +6,9 @@ import os
 import sys
 
 from llamaspec.cli import _output as output
-from llamaspec.cli._errors import explain
+from llamaspec.cli._errors import explain, install_signal_handlers, interrupted_exit_code
 from llamaspec.cli.app import app
+from llamaspec.errors import EXIT_INTERRUPTED
 
 # Importing a command module registers its commands on `app`. None of them imports llama_cpp
 # at module level, so `llamaspec --help` stays fast.
@@ -23,17 +24,23 @@ def _debug_wanted(argv: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    restore = install_signal_handlers()   # SIGTERM like Ctrl-C: partial results kept, exit 143
     try:
-        # Not standalone: the parser's usage errors come back as exceptions, so they get the same
-        # one-line treatment as every other error instead of a multi-line panel.
-        rv = app(args=args, prog_name="llamaspec", standalone_mode=False)
-    except SystemExit:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - the one place exceptions become exit codes
-        explained = explain(exc)
-        if explained is None or _debug_wanted(args):
+        try:
+            # Not standalone: the parser's usage errors come back as exceptions, so they get the same
+            # one-line treatment as every other error instead of a multi-line panel.
+            rv = app(args=args, prog_name="llamaspec", standalone_mode=False)
+        except SystemExit:
             raise
-        if explained.message.strip():  # (no arguments at all: the help was printed instead)
-            output.current().error(explained)
-        sys.exit(explained.exit_code)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        except BaseException as exc:  # noqa: BLE001 - the one place exceptions become exit codes
+            explained = explain(exc)
+            if explained is None or _debug_wanted(args):
+                raise
+            if explained.message.strip():  # (no arguments at all: the help was printed instead)
+                output.current().error(explained)
+            sys.exit(explained.exit_code)
+        if rv == EXIT_INTERRUPTED:   # (typer turns a KeyboardInterrupt, and so SIGTERM's, into 130)
+            rv = interrupted_exit_code()
+        sys.exit(rv if isinstance(rv, int) else 0)
+    finally:
+        restore()

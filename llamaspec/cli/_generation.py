@@ -10,10 +10,20 @@ import typer
 
 from llamaspec.cli._options import (
     CTX_SIZE_CHECK, AmxOpt, ChatOpt, DraftMaxOpt, DraftPMinOpt, FixedDraftOpt, ForceDraftOpt, OfflineOpt,
-    ThreadsOpt, _flag_group, at_least, in_range,
+    ThreadsOpt, _flag_group, at_least, check_draft_exists, draft_length, in_range,
 )
 from llamaspec.errors import UsageError
 from llamaspec.spec.options import spec_type_help  # the spec-type table; no llama_cpp import
+
+
+def above_zero(flag: str, hint: str | None = None):
+    def check(value):
+        if value is not None and not value > 0:
+            raise UsageError(f"{flag} must be > 0", hint)
+        return value
+
+    return check
+
 
 SPEC_HELP = (f"Speculative types, comma list, llama.cpp's names (aliases): {spec_type_help()}. "
              "Default: draft when --draft is given, else what --draft auto finds on disk "
@@ -24,15 +34,17 @@ DraftOpt = Annotated[Optional[str], typer.Option(
     help="Draft model: a GGUF path or Hub ref, 'auto' (MTP heads, a draft on disk, the registry, "
          "else prompt-lookup), or 'none'. Default (no --draft, no --spec-type): auto without downloads.")]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", help=SPEC_HELP)]
-DraftMinOpt = Annotated[int, typer.Option("--draft-min", "--spec-draft-n-min", help="Drop drafts shorter than this.")]
+DraftMinOpt = Annotated[int, typer.Option("--draft-min", "--spec-draft-n-min", help="Drop drafts shorter than this.",
+                                           callback=draft_length("--draft-min", 0))]
 NPredictOpt = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.", callback=at_least("-n", 0))]
 TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.",
                                         callback=at_least("--temp", 0, "0 means greedy"))]
 TopKOpt = Annotated[int, typer.Option("--top-k")]
 TopPOpt = Annotated[float, typer.Option("--top-p", callback=in_range("--top-p", 0, 1, open_low=True))]
 MinPOpt = Annotated[float, typer.Option("--min-p", callback=in_range("--min-p", 0, 1))]
-RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty")]
-RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n")]
+RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", callback=above_zero("--repeat-penalty", "1 is off"))]
+RepeatLastNOpt = Annotated[int, typer.Option(
+    "--repeat-last-n", callback=at_least("--repeat-last-n", -1, "-1: every token, 0: off"))]
 SeedOpt = Annotated[Optional[int], typer.Option("-s", "--seed", help="Sampling seed (same seed, same output).")]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")]
 CtxSizeOpt = Annotated[Optional[int], typer.Option(
@@ -71,8 +83,10 @@ SearchOpt = Annotated[Optional[list[Path]], typer.Option("--search", help="Also 
 
 
 def _generator_kwargs(**v: Any) -> dict[str, Any]:
-    if v["draft_min"] < 0 or (v["draft_max"] is not None and v["draft_min"] > v["draft_max"]):
-        raise UsageError("--draft-min must be between 0 and --draft-max")
+    check_draft_exists(v["draft"], number_is_length=True)
+    if v["draft_max"] is not None and v["draft_min"] > v["draft_max"]:
+        raise UsageError(f"--draft-min {v['draft_min']} exceeds --draft-max {v['draft_max']}",
+                         "--draft-min must be between 0 and --draft-max")
     return {"draft": v["draft"], "spec_type": v["spec_type"], "draft_max": v["draft_max"],
             "draft_min": v["draft_min"], "draft_p_min": v["draft_p_min"], "adaptive": not v["fixed_k"],
             "max_tokens": v["n_predict"], "temperature": v["temp"], "top_k": v["top_k"], "top_p": v["top_p"],

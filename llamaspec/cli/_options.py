@@ -77,7 +77,9 @@ def draft_length(flag: str, minimum: int) -> Callable[[Any], Any]:
 
 PromptOpt = Annotated[Optional[str], typer.Option("-p", "--prompt", help="Prompt text.")]
 FileOpt = Annotated[Optional[Path], typer.Option("-f", "--file", help="Read the prompt from a file.")]
-ThreadsOpt = Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: all).")]
+ThreadsOpt = Annotated[Optional[int], typer.Option(
+    "-t", "--threads", help="CPU threads (default: all).",
+    callback=at_least("-t/--threads", 0, "0 (run, batch) uses every core"))]
 ChatOpt = Annotated[Optional[bool], typer.Option(
     "--chat/--raw", help="Apply the model's chat template (default when it has one) or send raw text.")]
 AmxOpt = Annotated[Optional[bool], typer.Option("--amx/--no-amx", help=AMX_HELP)]
@@ -102,6 +104,44 @@ DraftMaxOpt = _draft_max_opt(0)          # run: 0 drafts nothing
 DraftMaxMeasuredOpt = _draft_max_opt(1)  # bench: every measured mode drafts
 
 CTX_SIZE_CHECK = at_least("-c/--ctx-size", 0, "0 uses the model's training context")
+
+
+def check_draft_exists(draft: str | None, flag: str = "--draft", *, number_is_length: bool = False) -> None:
+    """A --draft that names a local file which is not there: one line before any model loads.
+    number_is_length: run and batch read llama.cpp's old `--draft N` as --draft-max N."""
+    if draft is None or draft.lower() in ("auto", "none") or (number_is_length and draft.isdigit()):
+        return
+    from llamaspec import hub
+    from llamaspec.errors import ModelFileError
+
+    where = hub.classify(draft)
+    if isinstance(where, Path) and not where.exists():
+        raise ModelFileError(f"draft model file not found: {draft}",
+                             f"check the {flag} path, or give a Hub reference org/repo:QUANT")
+
+
+def _weights_size(path: Path) -> int:
+    """Bytes of a GGUF, all parts of a split one (name-00001-of-00003.gguf)."""
+    import re
+
+    m = re.fullmatch(r"(.*)-\d{5}-of-(\d{5})\.gguf", path.name)
+    parts = [path.with_name(f"{m[1]}-{i:05d}-of-{m[2]}.gguf") for i in range(1, int(m[2]) + 1)] if m else [path]
+    return sum(p.stat().st_size for p in parts if p.is_file())
+
+
+def draft_size_warning(target: Path | None, draft: Path | None) -> str | None:
+    """One line when the draft is bigger than its target: every step then costs more than plain
+    decoding would (the pair still runs, token for token the same)."""
+    if target is None or draft is None:
+        return None
+    try:
+        t, d = _weights_size(Path(target)), _weights_size(Path(draft))
+    except OSError:
+        return None
+    if d <= t:
+        return None
+    return (f"the draft {Path(draft).name} ({d / 2**20:,.1f} MiB) is bigger than the target {Path(target).name} "
+            f"({t / 2**20:,.1f} MiB): speculation will likely be slower than plain decoding; swap them?")
 
 
 def read_prompt_file(path: Path) -> str:

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from llamaspec.cli._generation import generation_flags
-from llamaspec.cli._options import at_least, ngram_flags, output_flags
+from llamaspec.cli._options import at_least, draft_size_warning, ngram_flags, output_flags
 from llamaspec.cli._output import Output
 from llamaspec.cli.app import app
 from llamaspec.spec.options import NgramParams
@@ -52,6 +52,8 @@ def batch(
     with Generator(model, ngram=ngram, parallel=parallel, **gen) as g:
         for note in g.notes:
             out.info(note)
+        if warning := draft_size_warning(g.resolved.target_path, g.resolved.draft_path):
+            out.warn(warning)
         io.check_or_write_manifest(output_path, {**g.describe(), "ngram": asdict(ngram)}, force)
         with io.OutputFile(output_path) as records:
             done = records.done_ids(include_failed=not retry_failed)
@@ -82,9 +84,11 @@ def batch(
                     else:
                         records.append(io.result_record(req, res.text, res.finish_reason, res.stats, model_name))
                     progress.update(res)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:   # (and SIGTERM): every finished record is in OUTPUT, fsynced
+                from llamaspec.cli._errors import interrupted_exit_code
+
                 progress.finish(failed, interrupted=True)
-                raise typer.Exit(130)
+                raise typer.Exit(interrupted_exit_code())
     summary = progress.finish(failed)
     if out.json:
         out.data(summary)

@@ -15,8 +15,10 @@ import typer
 
 from llamaspec.cli._options import (
     CTX_SIZE_CHECK, AmxOpt, ChatOpt, DraftMaxMeasuredOpt, DraftPMinOpt, FileOpt, FixedDraftOpt, ForceDraftOpt,
-    OfflineOpt, PromptOpt, ThreadsOpt, at_least, ngram_flags, output_flags, read_prompt_file,
+    OfflineOpt, PromptOpt, ThreadsOpt, at_least, check_draft_exists, draft_size_warning, ngram_flags, output_flags,
+    read_prompt_file,
 )
+from llamaspec.cli._errors import raise_if_interrupted
 from llamaspec.cli._output import Output, escape
 from llamaspec.cli.app import app
 from llamaspec.errors import UsageError
@@ -110,6 +112,8 @@ def bench(
     from llamaspec.spec.options import needs_draft_model
 
     drafts_given = list(dict.fromkeys(draft or []))
+    for d in drafts_given:
+        check_draft_exists(d)
     modes = _modes(spec_type, drafts_given)       # flags first: no download before a usage error
     set_llama_log(out.verbose)
     drafts = [(ref, hub.resolve_model(ref, offline=offline)) for ref in drafts_given]
@@ -119,7 +123,11 @@ def bench(
                        explicit_modes=spec_type is not None)
 
     from llamaspec.runtime.info import buffer_decision
+    from llamaspec.runtime.memory import check_load
 
+    for t in targets:   # a context that does not fit in RAM: one line now, not an OOM kill later
+        for d in [None, *{c.draft_path for c in t.configs if c.draft_path is not None}]:
+            check_load(t.path, d, n_ctx=ctx_size, default_ctx=4096)
     out.detail(buffer_decision(amx).reason)
     settings = BenchSettings(n=n_predict, threads=threads or default_threads(), ctx=ctx_size,
                              draft_max=draft_max, draft_p_min=draft_p_min, adaptive=not fixed_k,
@@ -138,6 +146,7 @@ def bench(
                  f"{settings.threads} thread(s), greedy")
 
     def progress(t: "Target", pid: str, rep: int, r) -> None:
+        raise_if_interrupted()   # a run cut short by Ctrl-C/SIGTERM is not a measurement: stop here
         where = " / ".join(([t.label] if len(targets) > 1 else []) + ([pid] if len(suite_prompts) > 1 else []))
         line = (escape(f"[{where}] ") if several else "") + f"rep {rep}/{reps} {escape(r.mode)}: {r.tps:.1f} tok/s"
         if r.mode != "plain" and r.ratio is not None:
@@ -160,9 +169,27 @@ def bench(
     if html is not None:
         from llamaspec.cli import _bench_html
 
-        _bench_html.write(info, html)
+        _write_report(html, _bench_html.render(info))
         out.info(f"wrote {escape(html)}")
     out.data(info, human=lambda console: render.render(console, suite), quiet=render.quiet_line(suite))
+
+
+def _write_report(path: Path, text: str) -> None:
+    """Beside and renamed over: a full disk or an interrupt never leaves half a report in place of
+    a good one."""
+    import os
+
+    from llamaspec.errors import LlamaspecError, disk_full
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise disk_full(path, e, "free some space; the previous report, if any, is as it was") or \
+            LlamaspecError(f"cannot write {path}: {e.strerror or e}", "check the --html path") from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # ---- flags ----------------------------------------------------------------------------------------
@@ -236,6 +263,8 @@ def _targets(models: list[str], drafts: list[tuple[str, Path]], modes: list[str]
                 out.warn(escape(f"skipping this pair: {e.message}"))
                 continue
             usable.append(dpath)
+            if warning := draft_size_warning(path, dpath):
+                out.warn(escape(warning))
         configs = make_configs(modes, usable)
         if not explicit_modes:
             configs += _tuned_configs(path, usable, out)

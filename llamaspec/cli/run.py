@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from llamaspec.cli._generation import generation_flags
-from llamaspec.cli._options import FileOpt, PromptOpt, ngram_flags, output_flags, read_prompt_file
+from llamaspec.cli._options import (
+    FileOpt, PromptOpt, draft_size_warning, ngram_flags, output_flags, read_prompt_file,
+)
 from llamaspec.cli._output import Output
 from llamaspec.cli.app import app
 from llamaspec.errors import UsageError
@@ -59,10 +61,13 @@ def run(
         for note in g.notes:
             out.info(note)
         r = g.resolved
+        if warning := draft_size_warning(r.target_path, r.draft_path):
+            out.warn(warning)
         out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")
         placed = g.pipeline.target.buffers  # the policy the load applied, not a second decision
         out.detail(placed.decision.reason + (f"; {placed.note}" if placed.note else ""))
         out.detail(f"GPU offload: {g.pipeline.offload.reason}")   # -ngl/-ngld as loaded (runtime/offload.py)
+        check_prompt_fits(len(g.tokenize(text)), g.n_ctx, gen.get("ctx_size"))
         on_text = None if out.json else _streamer(out, color)
         result = g.generate(text, on_text=on_text)
         n_ctx_used = g.n_ctx
@@ -76,7 +81,19 @@ def run(
     if result.stop_reason == "context":
         out.warn(f"stopped: the context is full ({n_ctx_used} tokens); raise -c/--ctx-size for longer output")
     if result.stop_reason == "interrupted":
-        raise typer.Exit(130)
+        from llamaspec.cli._errors import interrupted_exit_code
+
+        raise typer.Exit(interrupted_exit_code())   # 130 (Ctrl-C) or 143 (SIGTERM)
+
+
+def check_prompt_fits(n_prompt: int, n_ctx: int, given: int | None) -> None:
+    """A prompt longer than the context: one clear error before generating anything."""
+    if n_prompt > n_ctx:
+        from llamaspec.errors import ContextFullError
+
+        asked = "" if given is None or given == n_ctx else f" (-c {given}, rounded up by llama.cpp)"
+        raise ContextFullError(f"the prompt is {n_prompt:,} tokens, longer than the context of {n_ctx:,} tokens{asked}",
+                               f"raise -c/--ctx-size to at least {n_prompt + 1:,}, or shorten the prompt")
 
 
 def _streamer(out, color: bool):

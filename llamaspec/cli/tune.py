@@ -7,14 +7,17 @@ store live in llamaspec/tune/; this module reads flags and prints.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from llamaspec.cli._options import (
-    CTX_SIZE_CHECK, AmxOpt, ChatOpt, ForceDraftOpt, OfflineOpt, ThreadsOpt, at_least, in_range, output_flags,
+    CTX_SIZE_CHECK, AmxOpt, ChatOpt, ForceDraftOpt, OfflineOpt, ThreadsOpt, at_least, check_draft_exists,
+    draft_size_warning, in_range, output_flags,
 )
+from llamaspec.cli._errors import raise_if_interrupted
 from llamaspec.cli._output import Output, escape
 from llamaspec.cli.app import app
 from llamaspec.errors import UsageError
@@ -71,6 +74,7 @@ def tune(
     if draft is not None and draft.lower() in ("auto", "none"):
         raise UsageError(f"tune takes a draft path or Hub ref, not --draft {draft}",
                          "leave --draft out to tune the target alone (n-gram types, MTP heads)")
+    check_draft_exists(draft)
     _sweep(out, model, draft, prompts=prompts, n=n_predict, quick=quick, reps=reps, margin=margin, save=save,
            threads=threads, ctx=ctx_size, chat=chat, offline=offline, force_draft=force_draft, amx=amx)
 
@@ -98,6 +102,11 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
 
         draft_path = hub.resolve_model(draft, offline=offline)
         check_explicit_draft(str(target_path), str(draft_path), force_draft, offline=offline)
+        if warning := draft_size_warning(target_path, draft_path):
+            out.warn(escape(warning))
+    from llamaspec.runtime.memory import check_load
+
+    check_load(Path(target_path), Path(draft_path) if draft_path else None, n_ctx=ctx, default_ctx=4096)
     plan = Plan(quick=quick, reps=reps, margin=margin)
     out.info(f"tuning {escape(Path(target_path).name)}" + (f" + draft {escape(Path(draft_path).name)}" if draft_path else "")
              + f": {'quick, ' if quick else ''}{n} tokens per run, greedy, plain decoding interleaved")
@@ -111,13 +120,28 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
     config = result.config(measured=used)
     entry_path = None
     if save:
-        store.save(target_path, draft_path, config)
+        with _store_write():
+            store.save(target_path, draft_path, config)
         entry_path = str(store.store_path())
     info = {"model": model, "model_path": str(target_path), "draft": draft,
             "draft_path": str(draft_path) if draft_path else None, **used, "reps": reps,
             "config": config.to_dict(), "stored": save, "store": entry_path, "sweep": result.to_dict()}
     out.data(info, human=lambda console: _render(console, result, config, entry_path),
              quiet=config.settings_text())
+
+
+@contextmanager
+def _store_write():
+    """A full disk while the store is written: one line (the store is written atomically, so its
+    previous content is intact)."""
+    from llamaspec.errors import disk_full
+    from llamaspec.tune import store
+
+    try:
+        yield
+    except OSError as e:
+        raise disk_full(store.store_path(), e, "free some space and run tune again; the stored "
+                                               "configurations are as they were") or e
 
 
 class _Progress:
@@ -147,6 +171,7 @@ class _Progress:
             self.out.info(f"{name} round: {total} runs")
 
     def run(self, name: str, done: int, total: int, cand, r) -> None:
+        raise_if_interrupted()   # a run cut short by Ctrl-C/SIGTERM: stop, store nothing
         if cand is None:
             text = f"plain {r.tps:.1f} tok/s"
         else:
@@ -250,7 +275,8 @@ def _forget(out: Output, model: str | None) -> None:
                 target = hub.resolve_model(model, offline=True)
             except Exception:  # noqa: BLE001 - a file gone or never cached: match the stored path
                 target = Path(model)
-    removed = store.forget(target)
+    with _store_write():
+        removed = store.forget(target)
     info = {"store": str(store.store_path()), "removed": len(removed),
             "entries": [_entry_dict(e, False) for e in removed]}
     what = f" for {escape(model)}" if model else ""

@@ -53,12 +53,23 @@ def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingPar
     """Load the target (unless given) and build the drafter for `options.spec_types`."""
     # -ngl/-ngld left at None (auto): offload what fits, as llama.cpp's fit does (runtime/offload.py).
     types = options.spec_types
+    if types and options.draft_min:   # (the flags were checked against each other when both given)
+        k = options.draft_max if options.draft_max is not None else default_draft_max(types)
+        if options.draft_min > k:
+            raise UsageError(f"--draft-min {options.draft_min} exceeds the draft length {k}"
+                             + ("" if options.draft_max is not None else f" ({','.join(types)}'s default)"),
+                             "lower --draft-min, or raise --draft-max")
     draft = options.draft_path if needs_draft_model(types) or loads_mtp_layers(types) else None
     offload = plan_offload(target_path, draft, n_gpu_layers=options.n_gpu_layers,
                            n_gpu_layers_draft=options.n_gpu_layers_draft, n_ctx=options.n_ctx,
                            default_ctx=DEFAULT_CTX, n_seq=options.n_seq, load_mtp=loads_mtp_layers(types),
                            target_loaded=target is not None)
     placed = replace(options, n_gpu_layers=offload.n_gpu_layers, n_gpu_layers_draft=offload.n_gpu_layers_draft)
+    if target is None:  # all in RAM: refuse a context that would end in an OOM kill (runtime/memory.py)
+        from llamaspec.runtime.memory import check_load
+
+        check_load(Path(target_path), draft, n_ctx=options.n_ctx, default_ctx=DEFAULT_CTX, n_seq=options.n_seq,
+                   load_mtp=loads_mtp_layers(types), on_gpu=offload.n_gpu_layers != 0)
     if target is None:
         target = Model(target_path, n_gpu_layers=placed.n_gpu_layers,
                        load_mtp=loads_mtp_layers(options.spec_types), amx=options.amx)
@@ -67,6 +78,9 @@ def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingPar
         n_ctx = min(DEFAULT_CTX, target.n_ctx_train) if target.n_ctx_train > 0 else DEFAULT_CTX
     elif n_ctx == 0:
         n_ctx = target.n_ctx_train
+    # llama.cpp pads the context to a multiple of 256 but caps n_batch at the size asked: ask for
+    # the padded size, so that a batch never outgrows n_batch (-c 8 with a longer prompt aborted).
+    n_ctx = -(-max(1, n_ctx) // 256) * 256
     if options.n_seq > 1 and loads_mtp_layers(options.spec_types):
         raise UsageError("--parallel with MTP drafting is not supported yet",
                          "use --parallel 1 with --spec-type mtp, or another spec type")
