@@ -301,7 +301,7 @@ def test_run_cli_draft_model_under_the_amx_policy(run_cli, smollm2_f16, smollm2_
     monkeypatch.setenv("LLAMASPEC_ASSUME_AMX", "1")
     common = ("run", smollm2_f16, "-p", "Count from one to ten.", "-n", "24", "--temp", "0", "-t", "2", "--json")
     plain = run_cli(*common)
-    spec = run_cli(*common, "--draft", smollm2_q4, "--spec-type", "draft")
+    spec = run_cli(*common, "--draft", smollm2_q4, "--spec-type", "draft", "--fixed-draft")
     assert plain.exit_code == 0 and spec.exit_code == 0, spec.stderr[-2000:]
     assert spec.json()["tokens"] == plain.json()["tokens"] and spec.json()["drafted"] > 0
 

@@ -255,12 +255,14 @@ class Context:
                                  "report this as a bug")
 
     def close(self) -> None:
-        if getattr(self, "_batch", None) is not None:
-            llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if getattr(self, "ptr", None):
-            llama_cpp.llama_free(self.ptr)
-            self.ptr = None
+        # Pointers are cleared before they are freed: a signal handler or __del__ running between
+        # the two must find nothing left to free (a double free aborts the process).
+        batch, self._batch = getattr(self, "_batch", None), None
+        if batch is not None:
+            llama_cpp.llama_batch_free(batch)
+        ptr, self.ptr = getattr(self, "ptr", None), None
+        if ptr:
+            llama_cpp.llama_free(ptr)
 
     def __del__(self):  # pragma: no cover - best effort
         try:

@@ -209,9 +209,9 @@ class Model:
         return ([self.bos] if add else []) + toks
 
     def close(self) -> None:
-        if getattr(self, "ptr", None):
-            llama_cpp.llama_model_free(self.ptr)
-            self.ptr = None
+        ptr, self.ptr = getattr(self, "ptr", None), None   # cleared first: never freed twice
+        if ptr:
+            llama_cpp.llama_model_free(ptr)
 
     def __del__(self):  # pragma: no cover - best effort
         try:
