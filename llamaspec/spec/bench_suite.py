@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from llamaspec.errors import UsageError
 from llamaspec.spec.bench import run_bench
 from llamaspec.spec.bench_prompts import SuitePrompt, format_prompt, preset_text
-from llamaspec.spec.bench_types import PLAIN, BenchResult, BenchSettings, Config, ModeSummary
+from llamaspec.spec.bench_types import BenchResult, BenchSettings, Config, ModeSummary, best_mode
 
 if TYPE_CHECKING:
     from llamaspec.runtime.llama import Model
@@ -173,14 +173,7 @@ def overall_rows(target: str, per_prompt: Sequence[tuple[str, Sequence[ModeSumma
 def best_overall(rows: Sequence[OverallRow]) -> OverallRow:
     """As best_mode, over all prompts: the fastest configuration whose tokens matched plain on every
     prompt and repetition and that had draft tokens accepted; plain when nothing beat it."""
-    best = next(r for r in rows if r.mode == PLAIN)
-    for r in rows:
-        if (r.native or r.mode == PLAIN or r.identical_to_plain is not True or r.ratio_vs_plain is None
-                or r.accepted <= 0):
-            continue
-        if r.ratio_vs_plain > (best.ratio_vs_plain or 1.0):
-            best = r
-    return best
+    return best_mode(rows)
 
 
 def _prepare(model: "Model", prompts: Sequence[SuitePrompt], chat: bool | None, settings: BenchSettings,

@@ -263,7 +263,8 @@ def best_mode(summaries: Sequence[ModeSummary]) -> ModeSummary:
     """The fastest of plain and llamaspec's modes whose tokens matched plain in every repetition
     and that had draft tokens accepted (without any, a mode does plain decoding's work plus its own,
     so a ratio above 1 is timing noise). Native rows are a comparison, not a choice. Plain wins
-    ties and when nothing measured faster."""
+    ties and when nothing measured faster. Also serves the suite's overall rows (bench_suite.py),
+    which carry the same fields."""
     plain = next(s for s in summaries if s.mode == PLAIN)
     best = plain
     for s in summaries:
