@@ -88,9 +88,9 @@ class Generator:
                  system: str | None = None, offline: bool = False, force_draft: bool = False,
                  search: Sequence[Path] = (), tuned: bool = True):
         from llamaspec.resolve import resolve
-        from llamaspec.spec.options import NgramParams, SpecOptions
-        from llamaspec.spec.pipeline import load_pipeline
-        from llamaspec.spec.verify import SamplingParams
+        from llamaspec.speculative.options import NgramParams, SpecOptions
+        from llamaspec.speculative.pipeline import load_pipeline
+        from llamaspec.speculative.verify import SamplingParams
 
         if parallel < 1:
             raise UsageError("--parallel must be >= 1")
@@ -217,7 +217,7 @@ class Generator:
         return Result(key, "", [], "error", "error", 0, {}, error)
 
     def _result(self, key: str, gen) -> Result:
-        from llamaspec.spec.report import generation_dict
+        from llamaspec.speculative.report import generation_dict
 
         stats = generation_dict(gen, spec_type=self.spec_label, draft_model=self.resolved.draft_ref,
                                 model=self.resolved.target_ref)

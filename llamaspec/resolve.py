@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from llamaspec.errors import UsageError
-from llamaspec.spec.options import DRAFT_MODEL_TYPE, needs_draft_model, parse_spec_types
+from llamaspec.speculative.options import DRAFT_MODEL_TYPE, needs_draft_model, parse_spec_types
 
 
 @dataclass

@@ -12,7 +12,7 @@ repetitions is reported. Greedy tokens are checked against plain decoding in eve
 installed llama-cpp-python; never committed) on the same chat-formatted prompt, in the same
 repetition loop, so its numbers sit beside ours.
 
-A thin wrapper over llamaspec/bench.py, which `llamaspec bench` uses too.
+A thin wrapper over llamabench/runner.py, which `llamaspec bench` uses too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from llamaspec.spec.bench import BenchSettings, format_prompt, load_prompt, run_bench  # noqa: E402
+from llamaspec.bench import BenchSettings, format_prompt, load_prompt, run_bench  # noqa: E402
 from llamaspec.runtime.llama import Model  # noqa: E402
 
 

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from llamaspec.spec.controller import DraftLengthController
-from llamaspec.spec.costs import CostModel
-from llamaspec.spec.drafters.ngram_mod import NgramModDrafter
-from llamaspec.spec.drafters.ngram_simple import NgramSimpleDrafter
-from llamaspec.spec.drafters.prompt_lookup import PromptLookupDrafter
-from llamaspec.spec.match_controller import MatchController
+from llamaspec.speculative.controller import DraftLengthController
+from llamaspec.speculative.costs import CostModel
+from llamaspec.speculative.drafters.ngram_mod import NgramModDrafter
+from llamaspec.speculative.drafters.ngram_simple import NgramSimpleDrafter
+from llamaspec.speculative.drafters.prompt_lookup import PromptLookupDrafter
+from llamaspec.speculative.match_controller import MatchController
 
 DRAFTERS = {
     "prompt-lookup": lambda: PromptLookupDrafter(),
@@ -73,7 +73,7 @@ def replay(make, prompt: list[int], out: list[int], curve: dict[int, float], k_m
 
 def record(model: str, preset: str, n: int, path: Path) -> None:
     from llamaspec import Generator
-    from llamaspec.spec.bench_prompts import format_prompt, preset_text
+    from llamaspec.bench.prompts import format_prompt, preset_text
 
     text = preset_text(preset)
     with Generator(model, spec_type="none", temperature=0, max_tokens=n) as g:

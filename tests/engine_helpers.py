@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from llamaspec.spec.options import SpecOptions, parse_spec_types
-from llamaspec.spec.pipeline import load_pipeline
+from llamaspec.speculative.options import SpecOptions, parse_spec_types
+from llamaspec.speculative.pipeline import load_pipeline
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
-from llamaspec.spec.verify import SamplingParams
+from llamaspec.speculative.verify import SamplingParams
 
 # The benchmark's code-rewrite prompt: a model rewriting a file copies most of it.
 CODE_REWRITE = (Path(__file__).resolve().parents[1] / "llamaspec" / "prompts" / "code_rewrite.txt").read_text()

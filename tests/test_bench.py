@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec.spec.bench import (PLAIN, PROMPT_PRESETS, BenchResult, BenchSettings, RepResult, best_mode,
+from llamaspec.bench import (PLAIN, PROMPT_PRESETS, BenchResult, BenchSettings, RepResult, best_mode,
                              preset_text, summarise)
 
 MODE_KEYS = {"mode", "native", "reps", "tok_s", "ratio_vs_plain", "ratios", "e2e_ratio_vs_plain", "acceptance",
@@ -177,7 +177,7 @@ def test_a_mode_that_changed_tokens_is_flagged_and_never_best():
 
 
 def _suite_of(res: BenchResult):
-    from llamaspec.spec.bench_suite import PromptRun, SuiteResult, Target
+    from llamaspec.bench.suite import PromptRun, SuiteResult, Target
 
     target = Target("m.gguf", Path("m.gguf"), [])
     return SuiteResult([target], [PromptRun(target, "prompt", "prompt", False, res)], res.settings, res.reps)
@@ -214,8 +214,8 @@ def test_plain_is_best_when_nothing_beats_it():
 
 def test_native_runs_get_the_same_ngram_settings(tmp_path):
     """A side-by-side comparison is like for like: native llama.cpp gets our n-gram settings."""
-    from llamaspec.spec.bench import BenchSettings, native_command
-    from llamaspec.spec.options import NgramParams
+    from llamaspec.bench import BenchSettings, native_command
+    from llamaspec.speculative.options import NgramParams
 
     settings = BenchSettings(threads=1, ngram=NgramParams(simple_size_n=9, mod_n_match=7))
     cmd = native_command(tmp_path, tmp_path / "m.gguf", "ngram-simple,ngram-mod", tmp_path / "p.txt", settings)

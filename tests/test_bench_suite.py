@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from llamaspec.errors import UsageError
-from llamaspec.spec.bench_prompts import SuitePrompt, parse_prompts
-from llamaspec.spec.bench_suite import best_overall, geometric_mean, make_configs, overall_rows
-from llamaspec.spec.bench_types import PLAIN, ModeSummary
+from llamaspec.bench.prompts import SuitePrompt, parse_prompts
+from llamaspec.bench.suite import best_overall, geometric_mean, make_configs, overall_rows
+from llamaspec.bench.results import PLAIN, ModeSummary
 
 FAST = ("--reps", "1", "-n", "12", "-t", "1")
 
@@ -83,7 +83,7 @@ def test_configs_cross_draft_modes_with_drafts(tmp_path):
 
 
 def _summary(mode, ratio, identical, accepted=10, theory=None):
-    from llamaspec.spec.bench_theory import Theory
+    from llamaspec.bench.theory import Theory
 
     t = None if theory is None else Theory(speedup=theory, tokens_per_step=2, mean_draft_length=2, draft_cost=0.1,
                                            verify_slope=0.1, step_cost=1.2, of_theory=ratio / theory)

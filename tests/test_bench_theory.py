@@ -1,4 +1,4 @@
-"""The theoretical speedup (spec/bench_theory.py) on hand-worked examples, and the terminal bar chart
+"""The theoretical speedup (bench/theory.py) on hand-worked examples, and the terminal bar chart
 (cli/_charts.py) on hand-drawn ones. Pure functions: no model."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from rich.text import Text
 
 from llamaspec.cli._charts import Bar, bar_text, speedup_chart
-from llamaspec.spec import bench_theory as th
+from llamaspec.bench import theory as th
 
 
 def test_acceptance_by_position_is_conditional_on_reaching_the_position():

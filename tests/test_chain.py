@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from llamaspec.errors import UsageError
-from llamaspec.spec import options
-from llamaspec.spec.drafters import ChainDrafter, Draft, Drafter, NgramModDrafter, NgramSimpleDrafter
-from llamaspec.spec.options import PRIORITY, SPEC_TYPES, canonical_name, order_by_priority, parse_spec_types
+from llamaspec.speculative import options
+from llamaspec.speculative.drafters import ChainDrafter, Draft, Drafter, NgramModDrafter, NgramSimpleDrafter
+from llamaspec.speculative.options import PRIORITY, SPEC_TYPES, canonical_name, order_by_priority, parse_spec_types
 
 
 class Fake(Drafter):
@@ -50,7 +50,7 @@ def test_priority_is_llama_cpp_order():
     assert PRIORITY.index("prompt-lookup") == 5
     assert list(SPEC_TYPES) == ["none", *PRIORITY]  # the table is written in that order
     # every implemented type that drafts has a builder in the factory, and nothing else does
-    from llamaspec.spec.drafters.factory import _BUILDERS
+    from llamaspec.speculative.drafters.factory import _BUILDERS
     assert set(_BUILDERS) == {t.name for t in SPEC_TYPES.values() if t.implemented and t.name != "none"}
 
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from llamaspec.spec import controller as controller_mod
-from llamaspec.spec.controller import CostModel, DraftLengthController, expected_tokens_geometric
+from llamaspec.speculative import controller as controller_mod
+from llamaspec.speculative.controller import CostModel, DraftLengthController, expected_tokens_geometric
 
 
 def flat(k: int) -> float:

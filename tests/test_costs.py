@@ -10,9 +10,9 @@ import pytest
 
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.llama import Model
-from llamaspec.spec.controller import DraftLengthController
-from llamaspec.spec.costs import RECALIBRATE_STEPS, CostModel
-from llamaspec.spec.drafters.model import SYNC_WINDOW, ModelDrafter
+from llamaspec.speculative.controller import DraftLengthController
+from llamaspec.speculative.costs import RECALIBRATE_STEPS, CostModel
+from llamaspec.speculative.drafters.model import SYNC_WINDOW, ModelDrafter
 from tests.engine_helpers import generate, prompt_tokens
 
 

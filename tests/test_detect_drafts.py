@@ -228,7 +228,7 @@ def test_registry_models_carry_a_draft_kind(tmp_path):
         registry.load_family_file(_family(tmp_path, {"role": "both", "kind": "draft-dflash"}))
 
 
-# ---- with real tiny drafts (the drafters of spec/drafters/eagle3.py, dflash.py) ---------------
+# ---- with real tiny drafts (the drafters of speculative/drafters/eagle3.py, dflash.py) ---------------
 
 
 def test_run_draft_auto_takes_the_made_for_target_draft_and_stays_lossless(run_cli, test_models_dir, tmp_path,

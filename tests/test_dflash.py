@@ -17,7 +17,7 @@ from engine_helpers import PROMPTS, generate, prompt_tokens
 from llamaspec.errors import UsageError
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.llama import Model
-from llamaspec.spec.drafters.dflash import DFlashDrafter
+from llamaspec.speculative.drafters.dflash import DFlashDrafter
 from llamaspec.testing.tiny_models import GENERATOR_VERSION
 from llamaspec.testing.tiny_spec_drafts import make_spec_draft_set, write_dflash_model
 
@@ -85,9 +85,9 @@ def test_long_prompt_and_reused_prefix(spec_drafts, kind):
     """A prompt longer than n_batch (injected in several batches), then a second prompt extending
     the first generation on the same pipeline (the target's cached prefix and the injected rows
     are reused)."""
-    from llamaspec.spec.options import SpecOptions
-    from llamaspec.spec.pipeline import load_pipeline
-    from llamaspec.spec.verify import SamplingParams
+    from llamaspec.speculative.options import SpecOptions
+    from llamaspec.speculative.pipeline import load_pipeline
+    from llamaspec.speculative.verify import SamplingParams
 
     target = Model(spec_drafts["bigram_target"])
     try:

@@ -16,7 +16,7 @@ from engine_helpers import PROMPTS, generate, prompt_tokens
 from llamaspec.errors import UsageError
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.llama import Model
-from llamaspec.spec.drafters.eagle3 import Eagle3Drafter
+from llamaspec.speculative.drafters.eagle3 import Eagle3Drafter
 from llamaspec.testing.tiny_models import GENERATOR_VERSION
 from llamaspec.testing.tiny_spec_drafts import make_spec_draft_set, write_eagle3_model
 
@@ -96,9 +96,9 @@ def test_long_prompt_and_reused_prefix(spec_drafts):
         prompt = target.tokenize_prompt(text)
         while len(prompt) < 700:
             prompt = prompt + prompt[1:]
-        from llamaspec.spec.options import SpecOptions
-        from llamaspec.spec.pipeline import load_pipeline
-        from llamaspec.spec.verify import SamplingParams
+        from llamaspec.speculative.options import SpecOptions
+        from llamaspec.speculative.pipeline import load_pipeline
+        from llamaspec.speculative.verify import SamplingParams
 
         sampling = SamplingParams(temperature=0.0)
         outs = {}

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
-from llamaspec.spec.drafters.base import Draft, Drafter
-from llamaspec.spec.engine import GenerationConfig, SpecEngine, StopStrings
-from llamaspec.spec.options import MAX_DRAFT
+from llamaspec.speculative.drafters.base import Draft, Drafter
+from llamaspec.speculative.engine import GenerationConfig, SpecEngine, StopStrings
+from llamaspec.speculative.options import MAX_DRAFT
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
-from llamaspec.spec.verify import SamplingParams
+from llamaspec.speculative.verify import SamplingParams
 
 SPEC_TYPES = ["ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "draft",
               "draft,ngram-simple"]
@@ -84,7 +84,7 @@ def _chi2_sf(x: float, k: int) -> float:
 
 def _exact_joint(target: Model, prompt: list[int], params: SamplingParams, n: int) -> dict[tuple, float]:
     """P(t1..tn) under the target's sampling chain, enumerated (small top-k keeps it finite)."""
-    from llamaspec.spec.verify import target_distribution
+    from llamaspec.speculative.verify import target_distribution
 
     ctx = Context(target, ContextConfig(n_ctx=256, n_threads=1))
     out: dict[tuple, float] = {}
@@ -113,8 +113,8 @@ def test_sampling_matches_target_distribution(tiny_target, tiny_models, rule):
     rejection: the draft model samples its proposals and hands over their probabilities.
     sample-and-match: the draft proposes greedily with no probabilities (as n-gram drafters do).
     """
-    from llamaspec.spec.drafters.model import ModelDrafter
-    from llamaspec.spec.verify import target_distribution
+    from llamaspec.speculative.drafters.model import ModelDrafter
+    from llamaspec.speculative.verify import target_distribution
 
     params = SamplingParams(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0)
     prompt = prompt_tokens(tiny_target, PROMPTS["story"])
@@ -176,8 +176,8 @@ def test_seeded_production_pipeline_matches_target_distribution(tiny_models, cas
     """`run --temp 1 --seed S --draft D --fixed-draft --draft-max 4 [--draft-p-min P]` for
     S = 0..N-1, a fresh pipeline each (as `run` builds it): the sequences have the
     target's exact distribution (chi-square against the enumerated joint of 4 tokens)."""
-    from llamaspec.spec.options import SpecOptions, parse_spec_types
-    from llamaspec.spec.pipeline import load_pipeline
+    from llamaspec.speculative.options import SpecOptions, parse_spec_types
+    from llamaspec.speculative.pipeline import load_pipeline
 
     target_name, p_min = PRODUCTION_CASES[case]
     target = Model(tiny_models[target_name])
@@ -214,8 +214,8 @@ def test_seeded_production_pipeline_matches_target_distribution(tiny_models, cas
 
 def test_one_seed_one_output_on_a_reused_pipeline(tiny_models):
     """A pipeline serving several prompts (batch, the Python API) gives one output per seed."""
-    from llamaspec.spec.options import SpecOptions, parse_spec_types
-    from llamaspec.spec.pipeline import load_pipeline
+    from llamaspec.speculative.options import SpecOptions, parse_spec_types
+    from llamaspec.speculative.pipeline import load_pipeline
 
     sp = SamplingParams(temperature=0.9, seed=42)
     opts = SpecOptions(spec_types=parse_spec_types("draft"), draft_path=tiny_models["draft"], n_threads=1)
@@ -263,7 +263,7 @@ def test_stop_string_ends_generation(tiny_target):
 def test_context_full_stops_cleanly(tiny_target, tiny_models):
     prompt = prompt_tokens(tiny_target, PROMPTS["chat"])
     ctx = Context(tiny_target, ContextConfig(n_ctx=256, n_threads=1))  # llama.cpp may round it up
-    from llamaspec.spec.drafters.model import ModelDrafter
+    from llamaspec.speculative.drafters.model import ModelDrafter
 
     draft_model = Model(tiny_models["draft"])
     drafter = ModelDrafter(Context(draft_model, ContextConfig(n_ctx=ctx.n_ctx, n_threads=1)))
@@ -409,9 +409,9 @@ class _Wrong(Drafter):
 def test_a_paused_drafter_does_not_stop_a_free_one_in_a_chain(tiny_target, monkeypatch):
     """Chain [n-gram-like, draft-model-like]: the second fails until its controller pauses it;
     when the first finds matches (token 120 on), they are tried at once, not after the pause."""
-    from llamaspec.spec import engine as engine_mod
-    from llamaspec.spec.controller import CostModel, DraftLengthController
-    from llamaspec.spec.drafters.chain import ChainDrafter
+    from llamaspec.speculative import engine as engine_mod
+    from llamaspec.speculative.controller import CostModel, DraftLengthController
+    from llamaspec.speculative.drafters.chain import ChainDrafter
 
     # Fixed costs (a verify batch of k + 1 costs 1 + 0.05 k decodes, drafting is free): a tiny
     # model's sub-millisecond step times are too noisy to make the decisions repeatable.

@@ -19,13 +19,17 @@ ALLOWED = {
     "hub": {"errors", "gguf"},
     "pairing": {"errors", "gguf", "hub"},
     "runtime": {"errors", "gguf"},
-    "spec": {"errors", "gguf", "runtime"},
+    "speculative": {"errors", "gguf", "runtime"},
     "batch": {"errors"},
-    "tune": {"errors", "gguf", "hub", "pairing", "runtime", "spec"},
-    "cli": {"errors", "gguf", "hub", "pairing", "runtime", "spec", "api", "batch", "tune"},
-    "api": {"errors", "gguf", "hub", "pairing", "runtime", "spec", "tune"},
+    # measurement sits above the engine; tune sweeps with bench's runner
+    "bench": {"errors", "gguf", "runtime", "speculative"},
+    "tune": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "bench"},
+    "cli": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "api", "batch", "bench", "tune"},
+    "api": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "tune"},
     "testing": {"errors", "gguf", "hub", "runtime"},
 }
+# the engine and everything below it never reach up into measurement or tuning
+BELOW_BENCH = {"gguf", "hub", "pairing", "runtime", "speculative"}
 
 
 def _module_name(path: Path) -> str:
@@ -40,7 +44,8 @@ def _layer(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "api"
-    return {"__main__": "cli", "_version": "errors", "generator": "api", "resolve": "api"}.get(parts[1], parts[1])
+    return {"__main__": "cli", "_version": "errors", "generator": "api", "resolve": "api",
+            "generation_options": "api"}.get(parts[1], parts[1])
 
 
 def _graph() -> dict[str, set[str]]:
@@ -122,3 +127,26 @@ def test_no_module_over_400_lines_outside_testing():
     long = [f"{p.relative_to(PKG)}: {n}" for p in PKG.rglob("*.py")
             if "testing" not in p.parts and (n := len(p.read_text().splitlines())) > 420]
     assert long == []
+
+
+def test_every_module_has_a_layer():
+    assert sorted({_layer(m) for m in _graph()} - set(ALLOWED)) == []
+
+
+def test_engine_and_below_import_neither_bench_nor_tune():
+    bad = [f"{mod} -> {dep}" for mod, deps in _graph().items() if _layer(mod) in BELOW_BENCH
+           for dep in deps if _layer(dep) in {"bench", "tune"}]
+    assert bad == []
+
+
+def test_no_module_or_package_named_spec():
+    # `spec/` reads as a test folder (RSpec, Jasmine) and hides the engine from code maps
+    named = [str(p.relative_to(PKG)) for p in PKG.rglob("*") if p.stem == "spec"]
+    assert named == []
+
+
+def test_bench_is_its_own_package_above_the_engine():
+    graph = _graph()
+    assert {"llamaspec.bench.runner", "llamaspec.bench.suite", "llamaspec.bench.theory",
+            "llamaspec.bench.native", "llamaspec.bench.prompts", "llamaspec.bench.results"} <= set(graph)
+    assert not [m for m in graph if m.startswith("llamaspec.speculative.bench")]

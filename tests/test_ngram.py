@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from llamaspec.spec.drafters import ngram_mod, ngram_simple
-from llamaspec.spec.drafters.ngram_mod import (
+from llamaspec.speculative.drafters import ngram_mod, ngram_simple
+from llamaspec.speculative.drafters.ngram_mod import (
     EMPTY,
     LCG_MULTIPLIER,
     NGRAM_MOD_POOL_SIZE,
@@ -19,7 +19,7 @@ from llamaspec.spec.drafters.ngram_mod import (
     ngram_mod_draft,
     ngram_mod_hash,
 )
-from llamaspec.spec.drafters.ngram_simple import NgramSimpleDrafter, ngram_simple_draft
+from llamaspec.speculative.drafters.ngram_simple import NgramSimpleDrafter, ngram_simple_draft
 
 # Golden values printed by a C++ harness compiled against llama.cpp 0c1e570's own
 # common/ngram-mod.cpp (common_ngram_mod::idx/add/get) and common_ngram_simple_draft copied

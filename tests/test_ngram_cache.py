@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from llamaspec.spec.drafters import ngram_cache as nc
-from llamaspec.spec.drafters.ngram_cache import (
+from llamaspec.speculative.drafters import ngram_cache as nc
+from llamaspec.speculative.drafters.ngram_cache import (
     NgramCacheDrafter, load_ngram_cache, merge_ngram_caches, ngram_cache_draft, ngram_cache_update,
     save_ngram_cache,
 )

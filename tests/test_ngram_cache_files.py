@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamaspec.spec.drafters.ngram_cache import (
+from llamaspec.speculative.drafters.ngram_cache import (
     NGRAM_STATIC, NgramCacheDrafter, load_ngram_cache, ngram_cache_update, save_ngram_cache,
 )
 

@@ -1,12 +1,12 @@
-"""ngram-map-k / ngram-map-k4v: llama.cpp's common/ngram-map.cpp ported to llamaspec/spec/drafters/ngram_map.py."""
+"""ngram-map-k / ngram-map-k4v: llama.cpp's common/ngram-map.cpp ported to llamaspec/speculative/drafters/ngram_map.py."""
 
 from __future__ import annotations
 
 import doctest
 import random
 
-from llamaspec.spec.drafters import ngram_map
-from llamaspec.spec.drafters.ngram_map import (
+from llamaspec.speculative.drafters import ngram_map
+from llamaspec.speculative.drafters.ngram_map import (
     HASH_MAP_SIZE,
     LCG_FACTOR,
     NgramMap,

@@ -11,11 +11,11 @@ import random
 import numpy as np
 import pytest
 
-from llamaspec.spec import match_controller
-from llamaspec.spec.controller import CostModel, DraftLengthController
-from llamaspec.spec.drafters import prompt_lookup
-from llamaspec.spec.drafters.prompt_lookup import PromptLookupDrafter, prompt_lookup_draft
-from llamaspec.spec.match_controller import MatchController, match_bucket
+from llamaspec.speculative import match_controller
+from llamaspec.speculative.controller import CostModel, DraftLengthController
+from llamaspec.speculative.drafters import prompt_lookup
+from llamaspec.speculative.drafters.prompt_lookup import PromptLookupDrafter, prompt_lookup_draft
+from llamaspec.speculative.match_controller import MatchController, match_bucket
 
 
 def test_docstring_examples():

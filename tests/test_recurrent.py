@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import llamaspec.spec.sequence as sequence_mod
+import llamaspec.speculative.sequence as sequence_mod
 from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
-from llamaspec.spec.drafters.model import ModelDrafter
+from llamaspec.speculative.drafters.model import ModelDrafter
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
-from llamaspec.spec.metrics import SpecStats
+from llamaspec.speculative.metrics import SpecStats
 from llamaspec.testing.tiny_recurrent import GENERATOR_VERSION, make_recurrent_set
-from llamaspec.spec.verify import SamplingParams, target_distribution
+from llamaspec.speculative.verify import SamplingParams, target_distribution
 
 N = 48
 

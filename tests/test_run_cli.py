@@ -140,8 +140,8 @@ def test_ctrl_c_keeps_the_text_and_prints_stats(tiny_models):
 def test_ngram_flags_reach_the_drafters(run_cli, tiny_models):
     """llama.cpp's --spec-ngram-* flags end up in the drafters the factory builds."""
     from llamaspec.cli._options import ngram_params
-    from llamaspec.spec.options import SpecOptions, parse_spec_types
-    from llamaspec.spec.pipeline import load_pipeline
+    from llamaspec.speculative.options import SpecOptions, parse_spec_types
+    from llamaspec.speculative.pipeline import load_pipeline
 
     ngram = ngram_params(9, 30, 7, 5, 40)
     opts = SpecOptions(spec_types=parse_spec_types("ngram-simple,ngram-mod"), n_ctx=256, n_threads=1, ngram=ngram)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamaspec.spec.metrics import DrafterCredit, SpecStats
+from llamaspec.speculative.metrics import DrafterCredit, SpecStats
 
 
 def _example() -> SpecStats:

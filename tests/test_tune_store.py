@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from llamaspec.spec.options import NgramParams
+from llamaspec.speculative.options import NgramParams
 from llamaspec.tune import store
 from llamaspec.tune.apply import apply_tuned, tuned_summary
 from llamaspec.tune.identity import EDGE, file_identity

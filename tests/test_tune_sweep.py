@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from llamaspec.errors import UsageError
-from llamaspec.spec.bench import RepResult
-from llamaspec.spec.options import SPEC_TYPES, needs_draft_model
+from llamaspec.bench import RepResult
+from llamaspec.speculative.options import SPEC_TYPES, needs_draft_model
 from llamaspec.tune.sweep import (Candidate, Plan, Score, applicable_types, coarse_candidates, combine, neighbours,
                                   run_sweep)
 

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from llamaspec.spec import verify
-from llamaspec.spec.verify import (
+from llamaspec.speculative import verify
+from llamaspec.speculative.verify import (
     SamplingParams,
     sample_token,
     step_sampler,
@@ -335,8 +335,8 @@ def test_rejection_sampling_with_a_draft_vocabulary_of_another_size(q):
 
 
 def test_engine_and_drafter_docstring_examples():
-    from llamaspec.spec import sequence
-    from llamaspec.spec.drafters import model
+    from llamaspec.speculative import sequence
+    from llamaspec.speculative.drafters import model
 
     for mod in (sequence, model):
         r = doctest.testmod(mod)

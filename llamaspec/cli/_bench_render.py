@@ -1,5 +1,5 @@
 """What `bench` prints: the JSON object (`--json`, and the data of `--html`), the tables and the
-terminal bar chart for humans, and the `-q` line. Built from spec/bench_suite.py's SuiteResult."""
+terminal bar chart for humans, and the `-q` line. Built from bench/suite.py's SuiteResult."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from llamaspec.cli._charts import Bar, speedup_chart
 from llamaspec.cli._output import escape
 
 if TYPE_CHECKING:
-    from llamaspec.spec.bench import BenchResult, ModeSummary
-    from llamaspec.spec.bench_suite import PromptRun, SuiteResult
+    from llamaspec.bench import BenchResult, ModeSummary
+    from llamaspec.bench.suite import PromptRun, SuiteResult
 
 
 # ---- notes ----------------------------------------------------------------------------------------

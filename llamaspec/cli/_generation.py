@@ -13,7 +13,7 @@ from llamaspec.cli._options import (
     ThreadsOpt, _flag_group, at_least, check_draft_exists, draft_length, in_range,
 )
 from llamaspec.errors import UsageError
-from llamaspec.spec.options import spec_type_help  # the spec-type table; no llama_cpp import
+from llamaspec.speculative.options import spec_type_help  # the spec-type table; no llama_cpp import
 
 
 def above_zero(flag: str, hint: str | None = None):

@@ -29,7 +29,7 @@ import typer
 from llamaspec.cli import _output as output
 from llamaspec.errors import InputError, UsageError
 from llamaspec.runtime.cpu import AMX_HELP
-from llamaspec.spec.options import MAX_DRAFT, NgramParams  # (no llama_cpp import)
+from llamaspec.speculative.options import MAX_DRAFT, NgramParams  # (no llama_cpp import)
 
 
 # ---- range checks (typer callbacks; None means the flag was not given) ----------------------------

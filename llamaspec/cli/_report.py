@@ -1,4 +1,4 @@
-"""The human stats block of `run` (the JSON object is spec/report.py's)."""
+"""The human stats block of `run` (the JSON object is speculative/report.py's)."""
 
 from __future__ import annotations
 

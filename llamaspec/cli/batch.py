@@ -17,7 +17,7 @@ from llamaspec.cli._generation import generation_flags
 from llamaspec.cli._options import at_least, draft_size_warning, ngram_flags, output_flags
 from llamaspec.cli._output import Output
 from llamaspec.cli.app import app
-from llamaspec.spec.options import NgramParams
+from llamaspec.speculative.options import NgramParams
 
 
 @app.command()

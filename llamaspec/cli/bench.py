@@ -1,7 +1,7 @@
 """`llamaspec bench`: plain vs speculative decoding side by side, as measured ratios.
 
 One run measures every target x (draft x mode) x prompt against plain decoding of the same target
-(spec/bench_suite.py; the measuring itself is spec/bench.py, shared with scripts/bench_engine.py).
+(bench/suite.py; the measuring itself is bench/runner.py, shared with scripts/bench_engine.py).
 This module reads flags, resolves models, checks pairs and hands the result to _bench_render.py
 (tables, chart, JSON) and _bench_html.py (--html). Nothing here imports llama_cpp at module level.
 """
@@ -24,11 +24,11 @@ from llamaspec.cli.app import app
 from llamaspec.errors import UsageError
 
 if TYPE_CHECKING:
-    from llamaspec.spec.bench_prompts import SuitePrompt
-    from llamaspec.spec.bench_suite import Target
-    from llamaspec.spec.options import NgramParams
+    from llamaspec.bench.prompts import SuitePrompt
+    from llamaspec.bench.suite import Target
+    from llamaspec.speculative.options import NgramParams
 
-_DEFAULT_PRESET = "code"   # of llamaspec.spec.bench.PROMPT_PRESETS; "code-raw" without a chat template
+_DEFAULT_PRESET = "code"   # of llamaspec.bench.PROMPT_PRESETS; "code-raw" without a chat template
 
 _SPEC_HELP = ("A speculative mode to measure; repeat for several (each is run against plain decoding). "
               "A comma list is one chained mode (draft,ngram-simple). Names: draft, ngram-simple, "
@@ -98,7 +98,7 @@ def bench(
         if not html.parent.is_dir():
             raise UsageError(f"--html: no directory {html.parent}", "give a path in an existing directory")
     if native is not None:
-        from llamaspec.spec.bench import native_exe
+        from llamaspec.bench import native_exe
 
         if native_exe(native) is None:
             raise UsageError(f"--native: no executable llama-speculative-simple in {native}",
@@ -107,9 +107,9 @@ def bench(
 
     from llamaspec import hub
     from llamaspec.runtime.llama import default_threads, set_llama_log
-    from llamaspec.spec.bench import BenchSettings
-    from llamaspec.spec.bench_suite import run_suite
-    from llamaspec.spec.options import needs_draft_model
+    from llamaspec.bench import BenchSettings
+    from llamaspec.bench.suite import run_suite
+    from llamaspec.speculative.options import needs_draft_model
 
     drafts_given = list(dict.fromkeys(draft or []))
     for d in drafts_given:
@@ -197,7 +197,7 @@ def _write_report(path: Path, text: str) -> None:
 
 def _prompts(prompt: str | None, file: Path | None, preset: str | None, prompts: Path | None) -> list["SuitePrompt"]:
     """The prompts to measure; a text of None is the default preset (chosen per target once loaded)."""
-    from llamaspec.spec.bench_prompts import PROMPT_PRESETS, SuitePrompt, preset_text, read_prompts
+    from llamaspec.bench.prompts import PROMPT_PRESETS, SuitePrompt, preset_text, read_prompts
 
     given = [name for name, v in (("-p", prompt), ("-f", file), ("--prompt-preset", preset), ("--prompts", prompts))
              if v is not None]
@@ -218,7 +218,7 @@ def _prompts(prompt: str | None, file: Path | None, preset: str | None, prompts:
 
 def _modes(spec_type: list[str] | None, drafts: list[str]) -> list[str]:
     """--spec-type values -> canonical mode labels (each a priority-ordered comma list), deduplicated."""
-    from llamaspec.spec.options import default_bench_modes, needs_draft_model, parse_spec_types
+    from llamaspec.speculative.options import default_bench_modes, needs_draft_model, parse_spec_types
 
     for d in drafts:
         if d.lower() in ("auto", "none"):
@@ -247,7 +247,7 @@ def _targets(models: list[str], drafts: list[tuple[str, Path]], modes: list[str]
     from llamaspec import hub
     from llamaspec.errors import IncompatiblePairError
     from llamaspec.pairing.autodraft import check_explicit_draft
-    from llamaspec.spec.bench_suite import Target, make_configs
+    from llamaspec.bench.suite import Target, make_configs
 
     sweep = len(models) > 1 or len(drafts) > 1
     targets = []
@@ -283,8 +283,8 @@ def _tuned_configs(target: Path, drafts: list[Path], out: Output) -> list["Confi
     draft) is measured too, labelled `tuned (...)`, with its own draft length and n-gram settings."""
     from dataclasses import replace
 
-    from llamaspec.spec.bench_types import Config
-    from llamaspec.spec.options import NgramParams, needs_draft_model
+    from llamaspec.bench.results import Config
+    from llamaspec.speculative.options import NgramParams, needs_draft_model
     from llamaspec.tune.store import lookup
 
     configs = []

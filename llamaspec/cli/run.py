@@ -17,7 +17,7 @@ from llamaspec.cli.app import app
 from llamaspec.errors import UsageError
 
 if TYPE_CHECKING:
-    from llamaspec.spec.options import NgramParams
+    from llamaspec.speculative.options import NgramParams
 
 
 

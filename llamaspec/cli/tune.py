@@ -87,7 +87,7 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
            force_draft: bool, amx: bool | None) -> None:
     from llamaspec import hub
     from llamaspec.runtime.llama import set_llama_log
-    from llamaspec.spec.bench_prompts import read_prompts
+    from llamaspec.bench.prompts import read_prompts
     from llamaspec.tune import store
     from llamaspec.tune.calibrate import tune_pair
     from llamaspec.tune.sweep import Plan

@@ -334,7 +334,7 @@ def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Cand
     return text_fallback(tuple(notes))
 
 
-#: what drafts when no model can: llamaspec's longest-match prompt lookup (spec/drafters/
+#: what drafts when no model can: llamaspec's longest-match prompt lookup (speculative/drafters/
 #: prompt_lookup.py), which recovers after two tokens where llama.cpp's fixed-n types need n
 TEXT_FALLBACK = "prompt-lookup"
 

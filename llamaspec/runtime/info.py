@@ -226,6 +226,8 @@ def repack_supported(ggml_type: int, ne0: int, ne1: int) -> bool:
     block = g.ggml_blck_size(ggml_type)
     if block <= 0 or ne0 % block:  # ggml would abort on such a tensor; llama.cpp rejects the file
         return False
+    if ne0 * ne1 > 1 << 40:  # ggml_new_tensor aborts on a size that overflows (a corrupt header)
+        return False
     ctx = g.ggml_init(_InitParams(g.ggml_tensor_overhead() * 8, None, True))
     if not ctx:
         return False

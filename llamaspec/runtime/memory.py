@@ -204,7 +204,7 @@ def uses_gpu() -> bool:
 
 def check_load(target: Path, draft: Path | None, *, n_ctx: int | None, default_ctx: int, n_seq: int = 1,
                load_mtp: bool = False, on_gpu: bool | None = None) -> None:
-    """check_fits for a load as spec/pipeline.py sizes its context from -c (None: default_ctx
+    """check_fits for a load as speculative/pipeline.py sizes its context from -c (None: default_ctx
     capped at the training context; 0: the training context). Skipped when layers go to a GPU
     (on_gpu None: probe), and when the header cannot be read (the load names the problem)."""
     if on_gpu if on_gpu is not None else uses_gpu():

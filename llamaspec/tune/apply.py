@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
 from llamaspec.errors import UsageError
-from llamaspec.spec.options import NgramParams, loads_mtp_layers, needs_draft_model, parse_spec_types
+from llamaspec.speculative.options import NgramParams, loads_mtp_layers, needs_draft_model, parse_spec_types
 from llamaspec.tune.store import TunedConfig, lookup, store_path
 
 log = logging.getLogger("llamaspec.tune")

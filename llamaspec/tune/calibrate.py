@@ -1,6 +1,6 @@
 """The real measurements behind a sweep: the calibration prompts and a runner on a loaded target.
 
-Runs are `llamaspec.spec.bench.run_mode` (the same greedy run `bench` times), so a tuned ratio
+Runs are `llamaspec.bench.run_mode` (the same greedy run `bench` times), so a tuned ratio
 and a bench ratio mean the same thing. Nothing here imports llama_cpp at module level.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from llamaspec.errors import UsageError
-from llamaspec.spec.bench_prompts import SuitePrompt, format_prompt, preset_text, read_prompts
+from llamaspec.bench.prompts import SuitePrompt, format_prompt, preset_text, read_prompts
 from llamaspec.tune.sweep import Candidate, OnRun, Plan, SweepResult, run_sweep
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def calibration_prompts(target: "Model", prompts_file: Path | None, chat: bool |
 def bench_runner(target: "Model", prompts: Sequence[Sequence[int]], settings) -> Callable:
     """Runner(candidate, prompt index) over bench's run_mode; settings: a BenchSettings (n, threads,
     ctx, draft_path); each candidate's draft-max, p-min and n-gram settings replace its own."""
-    from llamaspec.spec.bench import run_mode
+    from llamaspec.bench import run_mode
 
     def run(c: Candidate | None, i: int):
         if c is None:
@@ -69,12 +69,12 @@ def tune_pair(target_path: Path, draft_path: Path | None, *, prompts_file: Path 
     """Load the target once, calibrate, sweep. Returns the sweep, the prompts and the settings used."""
     from llamaspec.gguf.header import read_file
     from llamaspec.runtime.llama import Model, default_threads
-    from llamaspec.spec.bench import BenchSettings
+    from llamaspec.bench import BenchSettings
 
     has_mtp = read_file(target_path).nextn_predict_layers > 0
     threads = threads or default_threads()
     from llamaspec.runtime.devices import plan_offload
-    from llamaspec.spec.options import DEFAULT_CTX
+    from llamaspec.speculative.options import DEFAULT_CTX
 
     # GPU offload as `run` does it by default (auto), so what is tuned is what `run` will load
     ngl = plan_offload(Path(target_path), None, n_gpu_layers=None, n_gpu_layers_draft=None, n_ctx=ctx,
@@ -96,8 +96,8 @@ def tune_pair(target_path: Path, draft_path: Path | None, *, prompts_file: Path 
 
 def _warm_up(target: "Model", prompt: Sequence[int], short, has_draft: bool) -> None:
     """The first decodes of a process pay for paging in the weights: not on a measured run."""
-    from llamaspec.spec.bench import run_mode
-    from llamaspec.spec.options import DRAFT_MODEL_TYPE
+    from llamaspec.bench import run_mode
+    from llamaspec.speculative.options import DRAFT_MODEL_TYPE
 
     run_mode(target, "none", prompt, short)
     if has_draft:

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from llamaspec.errors import LlamaspecError
-from llamaspec.spec.options import (
+from llamaspec.speculative.options import (
     MAX_DRAFT, SPEC_TYPES, NgramParams, default_draft_max, loads_mtp_layers, needs_draft_model, order_by_priority,
 )
 
 if TYPE_CHECKING:
-    from llamaspec.spec.bench import RepResult
+    from llamaspec.bench import RepResult
     from llamaspec.tune.store import TunedConfig
 
 _NGRAM_FIELDS = set(NgramParams.__dataclass_fields__)

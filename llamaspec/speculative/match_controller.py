@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from llamaspec.spec.controller import CostModel, DraftLengthController
+from llamaspec.speculative.controller import CostModel, DraftLengthController
 
 __all__ = ["MATCH_EDGES", "PRIOR_ALPHA", "match_bucket", "MatchController"]
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from llamaspec.spec.costs import CostModel  # the controller's cost model, re-exported
+from llamaspec.speculative.costs import CostModel  # the controller's cost model, re-exported
 
 __all__ = ["CostModel", "DraftLengthController", "expected_tokens_geometric"]
 

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from llamaspec.spec.drafters.base import Draft, Drafter
+from llamaspec.speculative.drafters.base import Draft, Drafter
 
 __all__ = [
     "NGRAM_MIN", "NGRAM_MAX", "NGRAM_STATIC", "NULL_TOKEN",

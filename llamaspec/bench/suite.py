@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from llamaspec.errors import UsageError
-from llamaspec.spec.bench import run_bench
-from llamaspec.spec.bench_prompts import SuitePrompt, format_prompt, preset_text
-from llamaspec.spec.bench_types import BenchResult, BenchSettings, Config, ModeSummary, best_mode
+from llamaspec.bench.runner import run_bench
+from llamaspec.bench.prompts import SuitePrompt, format_prompt, preset_text
+from llamaspec.bench.results import BenchResult, BenchSettings, Config, ModeSummary, best_mode
 
 if TYPE_CHECKING:
     from llamaspec.runtime.llama import Model
@@ -30,7 +30,7 @@ DEFAULT_PRESET = "code"   # with the target's chat template; "code-raw" without 
 def make_configs(modes: Sequence[str], drafts: Sequence[Path]) -> list[Config]:
     """Every mode, and every mode that needs a draft model once per draft. Labels are the mode
     alone with one draft; with several, `mode @ draft-file-name` (the path where names collide)."""
-    from llamaspec.spec.options import needs_draft_model
+    from llamaspec.speculative.options import needs_draft_model
 
     names = [d.name for d in drafts]
     tags = [d.name if names.count(d.name) == 1 else str(d) for d in drafts]
@@ -209,7 +209,7 @@ def run_suite(targets: Sequence[Target], prompts: Sequence[SuitePrompt], setting
     context before a target's first run, so a prompt that does not fit fails before any timing."""
     from llamaspec.runtime.devices import plan_offload
     from llamaspec.runtime.llama import Model
-    from llamaspec.spec.options import loads_mtp_layers
+    from llamaspec.speculative.options import loads_mtp_layers
 
     result = SuiteResult(list(targets), [], settings, reps)
     for t in targets:

@@ -13,10 +13,10 @@ import numpy as np
 
 from llamaspec.errors import ContextFullError
 from llamaspec.runtime.llama import DecodeClock, Model, Utf8Stream
-from llamaspec.spec.controller import DraftLengthController
-from llamaspec.spec.drafters.base import Draft
-from llamaspec.spec.metrics import SpecStats
-from llamaspec.spec.verify import SamplingParams
+from llamaspec.speculative.controller import DraftLengthController
+from llamaspec.speculative.drafters.base import Draft
+from llamaspec.speculative.metrics import SpecStats
+from llamaspec.speculative.verify import SamplingParams
 
 
 @dataclass

@@ -23,9 +23,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from llamaspec.spec.drafters.base import Draft, Drafter
+from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.runtime.context import Context
-from llamaspec.spec.verify import fit_to_vocab, sample_dense
+from llamaspec.speculative.verify import fit_to_vocab, sample_dense
 
 #: llama.cpp's draft sampler keeps the 10 best candidates before its softmax (common/speculative.cpp)
 P_MIN_TOP_K = 10

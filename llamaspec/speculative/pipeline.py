@@ -15,11 +15,11 @@ from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.devices import plan_offload
 from llamaspec.runtime.offload import OffloadDecision
-from llamaspec.spec.drafters.base import Drafter
-from llamaspec.spec.drafters.factory import build_drafter
-from llamaspec.spec.engine import GenerationConfig, SpecEngine
-from llamaspec.spec.options import DEFAULT_CTX, SpecOptions, default_draft_max, loads_mtp_layers, needs_draft_model
-from llamaspec.spec.verify import SamplingParams
+from llamaspec.speculative.drafters.base import Drafter
+from llamaspec.speculative.drafters.factory import build_drafter
+from llamaspec.speculative.engine import GenerationConfig, SpecEngine
+from llamaspec.speculative.options import DEFAULT_CTX, SpecOptions, default_draft_max, loads_mtp_layers, needs_draft_model
+from llamaspec.speculative.verify import SamplingParams
 
 
 @dataclass

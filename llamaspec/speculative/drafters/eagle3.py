@@ -41,9 +41,9 @@ from llamaspec.errors import ModelLoadError, UsageError
 from llamaspec.runtime import ext
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.llama import Model
-from llamaspec.spec.drafters.base import Draft, Drafter
-from llamaspec.spec.drafters.model import top_probability
-from llamaspec.spec.verify import fit_to_vocab
+from llamaspec.speculative.drafters.base import Draft, Drafter
+from llamaspec.speculative.drafters.model import top_probability
+from llamaspec.speculative.verify import fit_to_vocab
 
 #: the staging functions a draft that reads target layers needs (src/llama-ext.h)
 NEEDS = ("llama_set_embeddings_layer_inp", "llama_get_embeddings_layer_inp", "llama_set_embeddings_nextn",

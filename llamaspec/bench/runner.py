@@ -11,9 +11,9 @@ runs in the same repetition loop on the same formatted prompt, so its numbers si
 Its ratios are over *llamaspec's* plain decoding of the same repetition (the same llama.cpp
 kernels through llama-cpp-python), and its tokens are not checked.
 
-Used by `llamaspec bench` (cli/bench.py, through spec/bench_suite.py for several targets, drafts
-and prompts) and `scripts/bench_engine.py`. The data lives in bench_types.py, the theoretical
-speedup in bench_theory.py, the native runs in bench_native.py. Nothing here imports llama_cpp at
+Used by `llamaspec bench` (cli/bench.py, through bench/suite.py for several targets, drafts
+and prompts) and `scripts/bench_engine.py`. The data lives in results.py, the theoretical
+speedup in theory.py, the native runs in native.py. Nothing here imports llama_cpp at
 module level.
 """
 
@@ -25,13 +25,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from llamaspec.spec.bench_native import (
+from llamaspec.bench.native import (
     NATIVE_EXE, NativeRunError, native_command, native_exe, native_type, run_native,
 )
-from llamaspec.spec.bench_prompts import (
+from llamaspec.bench.prompts import (
     PROMPT_PRESETS, format_prompt, load_prompt, preset_text,
 )
-from llamaspec.spec.bench_types import (
+from llamaspec.bench.results import (
     NATIVE_PREFIX, PLAIN, BenchResult, BenchSettings, Config, ModeSummary, RepResult, as_config, best_mode,
     first_difference, summarise,
 )
@@ -51,9 +51,9 @@ __all__ = ["NATIVE_EXE", "NATIVE_PREFIX", "PLAIN", "PROMPT_PRESETS", "BenchResul
 def run_mode(target: "Model", spec: str, prompt: Sequence[int], settings: BenchSettings,
              label: str | None = None) -> RepResult:
     """One greedy generation of `spec` ("none" = plain) on an already loaded target."""
-    from llamaspec.spec.options import SpecOptions, needs_draft_model, parse_spec_types
-    from llamaspec.spec.pipeline import load_pipeline
-    from llamaspec.spec.verify import SamplingParams
+    from llamaspec.speculative.options import SpecOptions, needs_draft_model, parse_spec_types
+    from llamaspec.speculative.pipeline import load_pipeline
+    from llamaspec.speculative.verify import SamplingParams
 
     types = parse_spec_types(spec)
     opts = SpecOptions(spec_types=types, draft_path=settings.draft_path, n_ctx=settings.ctx,

@@ -1,7 +1,7 @@
 """The data of a benchmark: settings, one run's result, per-mode summaries (medians over
 repetitions, the token check), and the choice of the best mode. Pure Python; no llama_cpp.
 
-Used by spec/bench.py (the runner), spec/bench_suite.py (targets x drafts x prompts) and cli/bench.py.
+Used by bench/runner.py (the runner), bench/suite.py (targets x drafts x prompts) and cli/bench.py.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from llamaspec.spec import bench_theory
+from llamaspec.bench import theory as bench_theory
 
 if TYPE_CHECKING:
-    from llamaspec.spec.options import NgramParams
+    from llamaspec.speculative.options import NgramParams
 
 PLAIN = "plain"
 NATIVE_PREFIX = "native "
@@ -59,7 +59,7 @@ def as_config(mode: "str | Config", settings: "BenchSettings") -> Config:
     """A mode name as a Config: the label is the mode, the draft settings.draft_path when it needs one."""
     if isinstance(mode, Config):
         return mode
-    from llamaspec.spec.options import needs_draft_model
+    from llamaspec.speculative.options import needs_draft_model
 
     return Config(mode, mode, settings.draft_path if needs_draft_model(mode) else None)
 
@@ -263,7 +263,7 @@ def best_mode(summaries: Sequence[ModeSummary]) -> ModeSummary:
     """The fastest of plain and llamaspec's modes whose tokens matched plain in every repetition
     and that had draft tokens accepted (without any, a mode does plain decoding's work plus its own,
     so a ratio above 1 is timing noise). Native rows are a comparison, not a choice. Plain wins
-    ties and when nothing measured faster. Also serves the suite's overall rows (bench_suite.py),
+    ties and when nothing measured faster. Also serves the suite's overall rows (suite.py),
     which carry the same fields."""
     plain = next(s for s in summaries if s.mode == PLAIN)
     best = plain

@@ -36,8 +36,8 @@ from llamaspec.gguf.header import read_file
 from llamaspec.runtime import ext
 from llamaspec.runtime.context import Context
 from llamaspec.runtime.llama import Model
-from llamaspec.spec.drafters.base import Draft, Drafter
-from llamaspec.spec.drafters.eagle3 import (
+from llamaspec.speculative.drafters.base import Draft, Drafter
+from llamaspec.speculative.drafters.eagle3 import (
     FeatureTap, check_layers, check_runtime, check_single_sequence, draft_context, pick, process_or_raise,
 )
 

@@ -19,7 +19,7 @@ from llamaspec.gguf.drafts import draft_info, fit_checks
 from llamaspec.gguf.header import read_file
 from llamaspec.runtime.context import Context
 from llamaspec.runtime.llama import Model
-from llamaspec.spec.drafters.mtp import MtpDrafter
+from llamaspec.speculative.drafters.mtp import MtpDrafter
 
 __all__ = ["is_mtp_draft_file", "check_assistant", "load_assistant_drafter"]
 

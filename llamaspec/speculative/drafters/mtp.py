@@ -44,7 +44,7 @@ import llama_cpp
 import llama_cpp.llama_cpp_ext as llama_ext
 
 from llamaspec.runtime import llama as runtime
-from llamaspec.spec.drafters.base import Draft, Drafter
+from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.errors import ModelLoadError, UsageError
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig

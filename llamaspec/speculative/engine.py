@@ -25,9 +25,9 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from llamaspec.spec.controller import CostModel, DraftLengthController
-from llamaspec.spec.match_controller import MatchController
-from llamaspec.spec.sequence import (  # noqa: F401  (GenerationConfig & co. are the engine's API too)
+from llamaspec.speculative.controller import CostModel, DraftLengthController
+from llamaspec.speculative.match_controller import MatchController
+from llamaspec.speculative.sequence import (  # noqa: F401  (GenerationConfig & co. are the engine's API too)
     _NO_DRAFT,
     Generation,
     GenerationConfig,
@@ -39,12 +39,12 @@ from llamaspec.spec.sequence import (  # noqa: F401  (GenerationConfig & co. are
     _recent,
     _valid_prefix,
 )
-from llamaspec.spec.drafters.base import Draft, Drafter
+from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.errors import LlamaspecError
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context
-from llamaspec.spec.metrics import SpecStats
-from llamaspec.spec.verify import (
+from llamaspec.speculative.metrics import SpecStats
+from llamaspec.speculative.verify import (
     SamplingParams,
     sample_token,
     step_sampler,

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
-from llamaspec.spec.bench_types import NATIVE_PREFIX, BenchSettings, RepResult
+from llamaspec.bench.results import NATIVE_PREFIX, BenchSettings, RepResult
 
 NATIVE_EXE = "llama-speculative-simple"
 
@@ -34,14 +34,14 @@ def native_exe(bin_dir: Path) -> Path | None:
 
 
 def native_type(spec: str) -> str:
-    from llamaspec.spec.options import parse_spec_types
+    from llamaspec.speculative.options import parse_spec_types
 
     return ",".join(parse_spec_types(spec)) or "none"
 
 
 def native_command(bin_dir: Path, model: Path, spec: str, prompt_file: Path, settings: BenchSettings) -> list[str]:
     from llamaspec.runtime.llama import default_threads
-    from llamaspec.spec.options import NgramParams, native_flags
+    from llamaspec.speculative.options import NgramParams, native_flags
 
     exe = native_exe(bin_dir) or Path(bin_dir) / NATIVE_EXE
     kind = native_type(spec)

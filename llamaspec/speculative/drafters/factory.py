@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from llamaspec.errors import InputError, UsageError
-from llamaspec.spec.drafters.base import Drafter
-from llamaspec.spec.drafters.chain import ChainDrafter
-from llamaspec.spec.options import MAX_DRAFT, SpecOptions, parse_spec_types
+from llamaspec.speculative.drafters.base import Drafter
+from llamaspec.speculative.drafters.chain import ChainDrafter
+from llamaspec.speculative.options import MAX_DRAFT, SpecOptions, parse_spec_types
 
 if TYPE_CHECKING:
     from llamaspec.runtime.llama import Model
     from llamaspec.runtime.context import Context
-    from llamaspec.spec.verify import SamplingParams
+    from llamaspec.speculative.verify import SamplingParams
 
 
 @dataclass
@@ -28,30 +28,30 @@ class Built:
 
 
 def _ngram_simple(opts, target, ctx, sampling) -> Built:
-    from llamaspec.spec.drafters.ngram_simple import NgramSimpleDrafter
+    from llamaspec.speculative.drafters.ngram_simple import NgramSimpleDrafter
 
     return Built(NgramSimpleDrafter(size_n=opts.ngram.simple_size_n, size_m=opts.ngram.simple_size_m))
 
 
 def _ngram_mod(opts, target, ctx, sampling) -> Built:
-    from llamaspec.spec.drafters.ngram_mod import NgramModDrafter
+    from llamaspec.speculative.drafters.ngram_mod import NgramModDrafter
 
     g = opts.ngram
     return Built(NgramModDrafter(n_match=g.mod_n_match, n_min=g.mod_n_min, n_max=g.mod_n_max))
 
 
 def _prompt_lookup(opts, target, ctx, sampling) -> Built:
-    from llamaspec.spec.drafters.prompt_lookup import PromptLookupDrafter
+    from llamaspec.speculative.drafters.prompt_lookup import PromptLookupDrafter
 
     return Built(PromptLookupDrafter(n_min=opts.ngram.lookup_n_min, n_max=opts.ngram.lookup_n_max,
                                      size_m=MAX_DRAFT))
 
 
 def _draft_model(opts, target, ctx, sampling) -> Built:
-    from llamaspec.spec.drafters.model import ModelDrafter
+    from llamaspec.speculative.drafters.model import ModelDrafter
     from llamaspec.runtime.llama import Model
     from llamaspec.runtime.context import Context as Ctx, ContextConfig
-    from llamaspec.spec.verify import target_distribution
+    from llamaspec.speculative.verify import target_distribution
 
     if opts.draft_path is None:
         raise UsageError("--spec-type draft needs a draft model", "pass --draft PATH (or --draft auto)")
@@ -85,9 +85,9 @@ def _layer_reading_draft(opts, target, ctx, kind: str) -> Built:
     cost_hint = opts.draft_path.stat().st_size / max(1, target.path.stat().st_size)
     try:
         if kind == "draft-eagle3":
-            from llamaspec.spec.drafters.eagle3 import Eagle3Drafter as cls
+            from llamaspec.speculative.drafters.eagle3 import Eagle3Drafter as cls
         else:
-            from llamaspec.spec.drafters.dflash import DFlashDrafter as cls
+            from llamaspec.speculative.drafters.dflash import DFlashDrafter as cls
         kw = {} if kind == "draft-eagle3" else {"dspark": kind == "draft-dspark"}
         drafter = cls(target, ctx, model, p_min=opts.draft_p_min, n_threads=opts.n_threads,
                       cost_hint=cost_hint, **kw)
@@ -110,8 +110,8 @@ def _dspark(opts, target, ctx, sampling) -> Built:
 
 
 def _mtp(opts, target, ctx, sampling) -> Built:
-    from llamaspec.spec.drafters.assistant import is_mtp_draft_file, load_assistant_drafter
-    from llamaspec.spec.drafters.mtp import MtpDrafter
+    from llamaspec.speculative.drafters.assistant import is_mtp_draft_file, load_assistant_drafter
+    from llamaspec.speculative.drafters.mtp import MtpDrafter
 
     # --draft names a Gemma 4 assistant: its MTP layers draft (over the target's KV); any other
     # --draft file belongs to draft-simple in the same chain, and the target's own heads draft.
@@ -124,14 +124,14 @@ def _mtp(opts, target, ctx, sampling) -> Built:
 
 
 def _ngram_map_k(opts, target, ctx, sampling) -> Built:
-    from llamaspec.spec.drafters.ngram_map import NgramMapKDrafter
+    from llamaspec.speculative.drafters.ngram_map import NgramMapKDrafter
 
     g = opts.ngram
     return Built(NgramMapKDrafter(size_n=g.map_k_size_n, size_m=g.map_k_size_m, min_hits=g.map_k_min_hits))
 
 
 def _ngram_map_k4v(opts, target, ctx, sampling) -> Built:
-    from llamaspec.spec.drafters.ngram_map import NgramMapK4vDrafter
+    from llamaspec.speculative.drafters.ngram_map import NgramMapK4vDrafter
 
     g = opts.ngram
     return Built(NgramMapK4vDrafter(size_n=g.map_k4v_size_n, size_m=g.map_k4v_size_m,
@@ -139,7 +139,7 @@ def _ngram_map_k4v(opts, target, ctx, sampling) -> Built:
 
 
 def _ngram_cache(opts, target, ctx, sampling) -> Built:
-    from llamaspec.spec.drafters.ngram_cache import NgramCacheDrafter
+    from llamaspec.speculative.drafters.ngram_cache import NgramCacheDrafter
 
     g = opts.ngram
     try:

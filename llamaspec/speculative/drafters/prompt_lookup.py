@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from llamaspec.spec.drafters.base import Draft, Drafter
+from llamaspec.speculative.drafters.base import Draft, Drafter
 
 __all__ = ["prompt_lookup_draft", "PromptLookupDrafter"]
 

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from llamaspec.spec.drafters.base import Draft, Drafter
+from llamaspec.speculative.drafters.base import Draft, Drafter
 
 __all__ = ["ngram_simple_draft", "NgramSimpleDrafter"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llamaspec.spec.engine import Generation
+from llamaspec.speculative.engine import Generation
 
 
 def generation_dict(gen: Generation, *, spec_type: str, draft_model: str | None, model: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from llamaspec.spec.drafters.base import Draft, Drafter
+from llamaspec.speculative.drafters.base import Draft, Drafter
 
 __all__ = ["ChainDrafter"]
 
