@@ -2,9 +2,9 @@
 
     from llamaspec import Generator
 
-    with Generator("model.gguf", draft="auto", temperature=0) as gen:
+    with Generator("model.gguf", draft="auto", temperature=0, parallel=2) as gen:
         print(gen.generate("Write a haiku about the sea.").text)
-        for result in gen.generate_many(["one prompt", "another"], parallel=2):
+        for result in gen.generate_many(["one prompt", "another"]):
             print(result.id, result.finish_reason, result.stats["acceptance"])
 
 Models load once, when the Generator is made, and are freed by `close()` (or the `with` block).
@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from llamaspec.errors import LlamaspecError, UsageError
+
+if TYPE_CHECKING:
+    from llamaspec.generation_options import GenerationOptions
 
 # A prompt: text (the chat template is applied when the model has one, unless chat=False) or a
 # list of chat messages [{"role": ..., "content": ...}].
@@ -87,42 +90,61 @@ class Generator:
                  max_tokens: int = 256, stop: Sequence[str] = (), chat: bool | None = None,
                  system: str | None = None, offline: bool = False, force_draft: bool = False,
                  search: Sequence[Path] = (), tuned: bool = True):
+        from llamaspec.generation_options import GenerationOptions
+        from llamaspec.speculative.verify import SamplingParams
+
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                  repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
+        self._load(model, GenerationOptions(
+            draft=draft, spec_type=spec_type, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
+            adaptive=adaptive, ngram=ngram, force_draft=force_draft, search=tuple(search), offline=offline,
+            ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
+            amx=amx, parallel=parallel, sampling=sampling, max_tokens=max_tokens, stop=stop, chat=chat,
+            system=system), tuned)
+
+    @classmethod
+    def from_options(cls, model: str | Path | None, options: "GenerationOptions", *,
+                     tuned: bool = True) -> "Generator":
+        """The constructor `run`, `batch` and the server use: the model and one `GenerationOptions`
+        (llamaspec/generation_options.py, built from the flags by cli/_generation.py)."""
+        self = cls.__new__(cls)
+        self._load(model, options, tuned)
+        return self
+
+    def _load(self, model: str | Path | None, o: "GenerationOptions", tuned: bool) -> None:
         from llamaspec.resolve import resolve
         from llamaspec.speculative.options import NgramParams, SpecOptions
         from llamaspec.speculative.pipeline import load_pipeline
-        from llamaspec.speculative.verify import SamplingParams
 
-        if parallel < 1:
-            raise UsageError("--parallel must be >= 1")
-        self.resolved = resolve(None if model is None else str(model), None if draft is None else str(draft),
-                                spec_type, offline=offline, force_draft=force_draft, search=search)
+        self.generation_options = o
+        self.resolved = resolve(None if model is None else str(model), None if o.draft is None else str(o.draft),
+                                o.spec_type, offline=o.offline, force_draft=o.force_draft, search=o.search)
         r = self.resolved
-        draft_max = draft_max if draft_max is not None else r.draft_max
-        ngram = ngram or NgramParams()
+        draft_max = o.draft_max if o.draft_max is not None else r.draft_max
+        draft_p_min, ngram = o.draft_p_min, o.ngram or NgramParams()
         # -- a configuration stored by `llamaspec tune` for these files (llamaspec/tune/apply.py):
         # settings the caller set win, one by one; `self.tuned` is the `tuned` object of the stats.
         self.tuned: dict[str, Any] | None = None
         if tuned:
             from llamaspec.tune.apply import apply_tuned
 
-            t = apply_tuned(r.target_path, r.draft_path, r.spec_types, spec_type_given=spec_type is not None,
-                            draft_given=draft is not None and str(draft).lower() != "auto", draft_max=draft_max,
-                            draft_p_min=draft_p_min, ngram=ngram, n_gpu_layers=n_gpu_layers, n_seq=parallel)
+            t = apply_tuned(r.target_path, r.draft_path, r.spec_types, spec_type_given=o.spec_type is not None,
+                            draft_given=o.draft is not None and str(o.draft).lower() != "auto", draft_max=draft_max,
+                            draft_p_min=draft_p_min, ngram=ngram, n_gpu_layers=o.n_gpu_layers, n_seq=o.parallel)
             if t is not None:
                 r.spec_types, draft_max, draft_p_min, ngram, self.tuned = (t.spec_types, t.draft_max,
                                                                            t.draft_p_min, t.ngram, t.info)
                 if not t.uses_draft:
                     r.draft_path = r.draft_ref = None
         # -- end of the tuned configuration
-        self.sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                       repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
+        self.sampling = o.sampling
         self.options = SpecOptions(spec_types=r.spec_types, draft_path=r.draft_path, draft_max=draft_max,
-                                   draft_min=draft_min, draft_p_min=draft_p_min, adaptive=adaptive,
-                                   n_ctx=ctx_size, n_threads=threads, n_gpu_layers=n_gpu_layers,
-                                   n_gpu_layers_draft=n_gpu_layers_draft, ngram=ngram,
-                                   amx=amx, n_seq=parallel)
-        self.max_tokens, self.stop = max_tokens, list(stop)
-        self.chat, self.system = chat, system
+                                   draft_min=o.draft_min, draft_p_min=draft_p_min, adaptive=o.adaptive,
+                                   n_ctx=o.ctx_size, n_threads=o.threads, n_gpu_layers=o.n_gpu_layers,
+                                   n_gpu_layers_draft=o.n_gpu_layers_draft, ngram=ngram,
+                                   amx=o.amx, n_seq=o.parallel)
+        self.max_tokens, self.stop = o.max_tokens, list(o.stop)
+        self.chat, self.system = o.chat, o.system
         self.pipeline = load_pipeline(r.target_path, self.options, self.sampling)
 
     # -- what was loaded -----------------------------------------------------------------------

@@ -1,10 +1,10 @@
 """The options of a generation, shared by `run` and `batch` (declared once): the command gets them
-as `gen`, the keyword arguments of `llamaspec.Generator`."""
+as `gen`, one `GenerationOptions` (llamaspec/generation_options.py) for `Generator.from_options`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -14,6 +14,9 @@ from llamaspec.cli._options import (
 )
 from llamaspec.errors import UsageError
 from llamaspec.speculative.options import spec_type_help  # the spec-type table; no llama_cpp import
+
+if TYPE_CHECKING:
+    from llamaspec.generation_options import GenerationOptions
 
 
 def above_zero(flag: str, hint: str | None = None):
@@ -82,22 +85,25 @@ SystemOpt = Annotated[Optional[str], typer.Option("--system", help="System messa
 SearchOpt = Annotated[Optional[list[Path]], typer.Option("--search", help="Also look here for drafts (--draft auto).")]
 
 
-def _generator_kwargs(**v: Any) -> dict[str, Any]:
+def _generation_options(**v: Any) -> "GenerationOptions":
+    from llamaspec.generation_options import GenerationOptions
+    from llamaspec.speculative.verify import SamplingParams
+
     check_draft_exists(v["draft"], number_is_length=True)
     if v["draft_max"] is not None and v["draft_min"] > v["draft_max"]:
         raise UsageError(f"--draft-min {v['draft_min']} exceeds --draft-max {v['draft_max']}",
                          "--draft-min must be between 0 and --draft-max")
-    return {"draft": v["draft"], "spec_type": v["spec_type"], "draft_max": v["draft_max"],
-            "draft_min": v["draft_min"], "draft_p_min": v["draft_p_min"], "adaptive": not v["fixed_k"],
-            "max_tokens": v["n_predict"], "temperature": v["temp"], "top_k": v["top_k"], "top_p": v["top_p"],
-            "min_p": v["min_p"], "repeat_penalty": v["repeat_penalty"], "repeat_last_n": v["repeat_last_n"],
-            "seed": v["seed"], "stop": v["stop"] or [], "ctx_size": v["ctx_size"], "threads": v["threads"],
-            "n_gpu_layers": v["ngl"], "n_gpu_layers_draft": v["ngld"], "amx": v["amx"], "chat": v["chat"],
-            "system": v["system"], "offline": v["offline"], "force_draft": v["force_draft"],
-            "search": v["search"] or []}
+    sampling = SamplingParams(temperature=v["temp"], top_k=v["top_k"], top_p=v["top_p"], min_p=v["min_p"],
+                              repeat_penalty=v["repeat_penalty"], repeat_last_n=v["repeat_last_n"], seed=v["seed"])
+    return GenerationOptions(
+        draft=v["draft"], spec_type=v["spec_type"], draft_max=v["draft_max"], draft_min=v["draft_min"],
+        draft_p_min=v["draft_p_min"], adaptive=not v["fixed_k"], force_draft=v["force_draft"],
+        search=tuple(v["search"] or ()), offline=v["offline"], ctx_size=v["ctx_size"], threads=v["threads"],
+        n_gpu_layers=v["ngl"], n_gpu_layers_draft=v["ngld"], amx=v["amx"], sampling=sampling,
+        max_tokens=v["n_predict"], stop=tuple(v["stop"] or ()), chat=v["chat"], system=v["system"])
 
 
-# run and batch: the command gets `gen`, the keyword arguments of Generator (model and ngram apart).
+# run and batch: the command gets `gen`, a GenerationOptions (the model, ngram and parallel apart).
 generation_flags = _flag_group("gen", {
     "draft": (DraftOpt, None), "spec_type": (SpecTypeOpt, None), "draft_max": (DraftMaxOpt, None),
     "draft_min": (DraftMinOpt, 0), "draft_p_min": (DraftPMinOpt, 0.0), "fixed_k": (FixedDraftOpt, False),
@@ -107,4 +113,4 @@ generation_flags = _flag_group("gen", {
     "ngl": (NglOpt, None), "ngld": (NgldOpt, None), "amx": (AmxOpt, None), "chat": (ChatOpt, None),
     "system": (SystemOpt, None), "offline": (OfflineOpt, False), "force_draft": (ForceDraftOpt, False),
     "search": (SearchOpt, None),
-}, _generator_kwargs)
+}, _generation_options)

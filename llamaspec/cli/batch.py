@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -18,6 +18,9 @@ from llamaspec.cli._options import at_least, draft_size_warning, ngram_flags, ou
 from llamaspec.cli._output import Output
 from llamaspec.cli.app import app
 from llamaspec.speculative.options import NgramParams
+
+if TYPE_CHECKING:
+    from llamaspec.generation_options import GenerationOptions
 
 
 @app.command()
@@ -36,12 +39,12 @@ def batch(
     force: Annotated[bool, typer.Option("--force", help="Resume even if the model or settings changed.")] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Redo requests recorded as failed.")] = False,
     *,
-    gen: dict,
+    gen: GenerationOptions,
     ngram: NgramParams,
     out: Output,
 ) -> None:
     """Generate for every request of a JSONL file; resumable, one JSONL record per request."""
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from llamaspec import batch as io
     from llamaspec.generator import Generator, Request
@@ -49,7 +52,7 @@ def batch(
 
     items = io.parse_requests(io.read_input(input))  # duplicate ids: an error before any work
     set_llama_log(out.verbose)
-    with Generator(model, ngram=ngram, parallel=parallel, **gen) as g:
+    with Generator.from_options(model, replace(gen, ngram=ngram, parallel=parallel)) as g:
         for note in g.notes:
             out.info(note)
         if warning := draft_size_warning(g.resolved.target_path, g.resolved.draft_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -17,8 +18,8 @@ from llamaspec.cli.app import app
 from llamaspec.errors import UsageError
 
 if TYPE_CHECKING:
+    from llamaspec.generation_options import GenerationOptions
     from llamaspec.speculative.options import NgramParams
-
 
 
 def read_prompt(prompt: str | None, file: Path | None) -> str:
@@ -45,7 +46,7 @@ def run(
     file: FileOpt = None,
     color: Annotated[bool, typer.Option("--color", help="Show accepted draft tokens in colour.")] = False,
     *,
-    gen: dict,
+    gen: GenerationOptions,
     ngram: NgramParams,
     out: Output,
 ) -> None:
@@ -57,7 +58,7 @@ def run(
     from llamaspec.runtime.llama import set_llama_log
 
     set_llama_log(out.verbose)
-    with Generator(model, ngram=ngram, **gen) as g:
+    with Generator.from_options(model, replace(gen, ngram=ngram)) as g:
         for note in g.notes:
             out.info(note)
         r = g.resolved
@@ -67,7 +68,7 @@ def run(
         placed = g.pipeline.target.buffers  # the policy the load applied, not a second decision
         out.detail(placed.decision.reason + (f"; {placed.note}" if placed.note else ""))
         out.detail(f"GPU offload: {g.pipeline.offload.reason}")   # -ngl/-ngld as loaded (runtime/offload.py)
-        check_prompt_fits(len(g.tokenize(text)), g.n_ctx, gen.get("ctx_size"))
+        check_prompt_fits(len(g.tokenize(text)), g.n_ctx, gen.ctx_size)
         on_text = None if out.json else _streamer(out, color)
         result = g.generate(text, on_text=on_text)
         n_ctx_used = g.n_ctx

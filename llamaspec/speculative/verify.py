@@ -65,6 +65,23 @@ class SamplingParams:
     min_keep: int = 0
     seed: int | None = None
 
+    def __post_init__(self) -> None:
+        """Validated once, here, for every way in (CLI flags, Generator, batch lines, requests)."""
+        from llamaspec.errors import UsageError
+
+        for name, ok, rule in (("temperature", lambda v: v >= 0, ">= 0 (0 = greedy)"),
+                               ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+                               ("min_p", lambda v: 0 <= v <= 1, "in [0, 1]"),
+                               ("repeat_penalty", lambda v: v > 0, "> 0 (1 = off)"),
+                               ("repeat_last_n", lambda v: v >= -1, ">= -1 (-1: every token, 0: off)")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                raise UsageError(f"{name} must be a number {rule}, not {value!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
+            raise UsageError(f"top_k must be an integer (<= 0: off), not {self.top_k!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise UsageError(f"seed must be an integer, not {self.seed!r}")
+
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0

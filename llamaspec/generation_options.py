@@ -1,0 +1,90 @@
+"""What flows from the command line (or a script) into a `Generator`: one typed object.
+
+`cli/_generation.py` builds it once from `run`'s and `batch`'s flags; `Generator.from_options`
+takes it. Its sampling part is the engine's own `SamplingParams` (validated when made), the type
+that per-request settings and the server share.
+
+    >>> from llamaspec.speculative.verify import SamplingParams
+    >>> opts = GenerationOptions(spec_type="ngram-mod", sampling=SamplingParams(temperature=0))
+    >>> opts.sampling.greedy, opts.max_tokens
+    (True, 256)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from llamaspec.errors import UsageError
+from llamaspec.speculative.verify import SamplingParams
+
+if TYPE_CHECKING:
+    from llamaspec.speculative.options import NgramParams
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """Everything but the target model: drafting, loading, sampling and prompt formatting.
+
+    draft: a path, Hub reference, "auto" or None (the default: auto without downloads).
+    spec_type: llama.cpp's --spec-type value ("ngram-mod", "draft,ngram-simple"; "none": plain).
+    draft_max None: the resolved default for the spec type. adaptive False is --fixed-draft.
+    n_gpu_layers(_draft) None: offload what fits (-1: every layer). parallel: sequences in one context.
+    sampling, max_tokens and stop are defaults that each request may override.
+    """
+
+    # drafting
+    draft: str | Path | None = None
+    spec_type: str | None = None
+    draft_max: int | None = None
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    adaptive: bool = True
+    ngram: "NgramParams | None" = None
+    force_draft: bool = False
+    search: Sequence[Path] = ()
+    offline: bool = False
+    # loading
+    ctx_size: int | None = None
+    threads: int | None = None
+    n_gpu_layers: int | None = None
+    n_gpu_layers_draft: int | None = None
+    amx: bool | None = None
+    parallel: int = 1
+    # sampling and output
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 256
+    stop: Sequence[str] = ()
+    # prompt formatting
+    chat: bool | None = None
+    system: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) or self.parallel < 1:
+            raise UsageError(f"parallel must be an integer >= 1, not {self.parallel!r}")
+        check_max_tokens(self.max_tokens)
+        if self.draft_max is not None and self.draft_min > self.draft_max:
+            raise UsageError(f"draft_min {self.draft_min} exceeds draft_max {self.draft_max}",
+                             "draft_min must be between 0 and draft_max")
+        object.__setattr__(self, "stop", check_stop(self.stop))
+
+
+def check_max_tokens(value, name: str = "max_tokens") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UsageError(f"{name} must be an integer >= 0, not {value!r}")
+    return value
+
+
+def check_stop(value, name: str = "stop") -> tuple[str, ...]:
+    """A stop string or a list of them (OpenAI allows both) -> a tuple of non-empty strings."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise UsageError(f"{name} must be a string or a list of strings, not {value!r}") from None
+    if not all(isinstance(s, str) and s for s in items):
+        raise UsageError(f"{name} must be a string or a list of non-empty strings, not {value!r}")
+    return items
