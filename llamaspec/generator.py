@@ -61,6 +61,11 @@ class Request:
     seed: int | None = None
     stop: Sequence[str] | None = None
     chat: bool | None = None   # a text prompt: apply the chat template (None: the Generator's choice)
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+
+    SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty")  # SamplingParams fields
 
 
 def finish_reason(stop_reason: str) -> str:
@@ -191,13 +196,15 @@ class Generator:
         return target.tokenize_prompt(target.chat_prompt(messages))
 
     def _config(self, req: Request):
-        sampling = self.sampling
-        if req.temperature is not None or req.top_p is not None or req.seed is not None:
-            sampling = replace(sampling, **{k: v for k, v in (("temperature", req.temperature),
-                                                               ("top_p", req.top_p), ("seed", req.seed))
-                                            if v is not None})
-        return self.pipeline.config(max_tokens=self.max_tokens if req.max_tokens is None else req.max_tokens,
-                                    sampling=sampling, stop=list(self.stop if req.stop is None else req.stop))
+        """The engine's config for one request: its own settings over the Generator's, validated
+        (SamplingParams and the checks of GenerationOptions; errors name the field)."""
+        from llamaspec.generation_options import check_max_tokens, check_stop
+
+        overrides = {k: getattr(req, k) for k in Request.SAMPLING if getattr(req, k) is not None}
+        sampling = replace(self.sampling, **overrides) if overrides else self.sampling
+        max_tokens = self.max_tokens if req.max_tokens is None else check_max_tokens(req.max_tokens)
+        stop = list(self.stop if req.stop is None else check_stop(req.stop))
+        return self.pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop)
 
     def generate(self, prompt: Prompt | Request, *, on_text: Callable[[str, bool, str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None) -> Result:
