@@ -98,6 +98,7 @@ class SpecStats:
     accepted: int = 0
     generated: int = 0
     prompt_tokens: int = 0
+    prompt_cached: int = 0      # prompt tokens found in the KV cache (a reused prefix), not evaluated
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     per_drafter: dict[str, DrafterCredit] = field(default_factory=dict)
@@ -189,6 +190,7 @@ class SpecStats:
             accepted=self.accepted + other.accepted,
             generated=self.generated + other.generated,
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            prompt_cached=self.prompt_cached + other.prompt_cached,
             drafted_per_position=_add_lists(self.drafted_per_position, other.drafted_per_position),
             accepted_per_position=_add_lists(self.accepted_per_position, other.accepted_per_position),
             per_drafter=drafters,
@@ -212,6 +214,7 @@ class SpecStats:
         return {
             "n_generated": self.generated,
             "prompt_tokens": self.prompt_tokens,
+            "prompt_cached": self.prompt_cached,
             "steps": self.steps,
             "drafts": self.drafts,
             "drafted": self.drafted,

@@ -16,6 +16,7 @@ def generation_dict(gen: Generation, *, spec_type: str, draft_model: str | None,
         "tokens": gen.tokens,
         "model": model,
         "n_prompt": gen.n_prompt,
+        "n_prompt_cached": s.prompt_cached,   # of n_prompt, reused from the KV cache (not evaluated)
         "n_generated": len(gen.tokens),
         "stop_reason": gen.stop_reason,
         "spec_type": spec_type,

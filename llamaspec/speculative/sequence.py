@@ -120,6 +120,7 @@ class SequenceRun:
         if not (keep and ctx.seq_rm(self.seq_id, keep, -1)):
             keep = 0  # nothing shared, or a recurrent memory that cannot be cut: start over
             ctx.seq_rm(self.seq_id, 0, -1)
+        self.stats.prompt_cached = keep   # evaluated: n_prompt - keep (a chat's next turn: its new tokens)
         n_out = ctx.decode(prompt[keep:], keep, self.seq_id, outputs="last")
         first = eng._sample_plain(ctx.logits(n_out)[0], prompt, self.params, self.verify_rng)
         if eng.drafter is not None:
