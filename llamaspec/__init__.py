@@ -6,12 +6,21 @@ The Python API for scripts is `Generator` (llamaspec/generator.py), imported on 
 
 from llamaspec._version import __version__
 
-__all__ = ["__version__", "Generator", "Result", "Request"]
+__all__ = ["__version__", "Generator", "Result", "Request", "GenerationInterrupted", "GenerationOptions",
+           "SamplingParams"]
 
 
 def __getattr__(name: str):
-    if name in ("Generator", "Result", "Request"):
+    if name in ("Generator", "Result", "Request", "GenerationInterrupted"):
         from llamaspec import generator
 
         return getattr(generator, name)
+    if name == "GenerationOptions":
+        from llamaspec.generation_options import GenerationOptions
+
+        return GenerationOptions
+    if name == "SamplingParams":
+        from llamaspec.speculative.verify import SamplingParams
+
+        return SamplingParams
     raise AttributeError(f"module 'llamaspec' has no attribute {name!r}")

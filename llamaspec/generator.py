@@ -49,6 +49,17 @@ class Result:
         return d
 
 
+class GenerationInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM in the CLI) during `generate` / `generate_many`: a KeyboardInterrupt, so a
+    script's loop stops as Ctrl-C should, carrying what was made. `result`: the partial `Result`
+    of `generate` (finish_reason "interrupted"); None from `generate_many`, which has already
+    yielded every finished result. `__cause__` is the original KeyboardInterrupt."""
+
+    def __init__(self, result: "Result | None" = None):
+        super().__init__("generation interrupted")
+        self.result = result
+
+
 @dataclass
 class Request:
     """A prompt with optional per-request settings (None: the Generator's)."""
@@ -179,7 +190,13 @@ class Generator:
     # -- generating ----------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Prompt tokens as `run` makes them: the chat template by default when the model has one."""
-        target = self.pipeline.target
+        from llamaspec.generation_options import check_messages
+
+        target = self._pipeline().target
+        if isinstance(prompt, Request):
+            raise UsageError("tokenize takes the prompt, not a Request", "pass request.prompt")
+        if not isinstance(prompt, str) and not isinstance(prompt, (list, tuple)):
+            raise UsageError(f"prompt must be text or a list of chat messages, not {type(prompt).__name__}")
         if isinstance(prompt, str):
             chat = self.chat if chat is None else chat
             use_chat = chat if chat is not None else target.chat_template is not None
@@ -190,7 +207,7 @@ class Generator:
             messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
                 {"role": "user", "content": prompt}]
         else:
-            messages = list(prompt)
+            messages = check_messages(prompt)
             if self.system and not any(m.get("role") == "system" for m in messages):
                 messages.insert(0, {"role": "system", "content": self.system})
         return target.tokenize_prompt(target.chat_prompt(messages))
@@ -210,9 +227,19 @@ class Generator:
                  should_stop: Callable[[], bool] | None = None) -> Result:
         """One generation. on_text(piece, from_draft, drafter) streams the text as it comes."""
         req = prompt if isinstance(prompt, Request) else Request(prompt)
-        gen = self.pipeline.engine.generate(self.tokenize(req.prompt, req.chat), self._config(req), on_text=on_text,
-                                            should_stop=should_stop)
-        return self._result(req.id or "0", gen)
+        tokens, config = self.tokenize(req.prompt, req.chat), self._config(req)
+        asked = []   # should_stop said stop: a normal end, not an interrupt
+
+        def stop() -> bool:
+            if should_stop is not None and should_stop():
+                asked.append(True)
+            return bool(asked)
+
+        gen = self._pipeline().engine.generate(tokens, config, on_text=on_text, should_stop=stop)
+        result = self._result(req.id or "0", gen)
+        if gen.stop_reason == "interrupted" and not asked:   # the engine caught a KeyboardInterrupt
+            raise GenerationInterrupted(result)
+        return result
 
     def generate_many(self, prompts: Iterable[Prompt | Request], *, parallel: int | None = None,
                       should_stop: Callable[[], bool] | None = None) -> Iterator[Result]:
@@ -220,6 +247,7 @@ class Generator:
         the request's id, else its index). parallel: sequences decoded together in one context
         (at most the Generator's `parallel`). A prompt that cannot run (too long for the context, a
         chat template error) gives a Result with `error` set, and the others go on."""
+        self._pipeline()
         n = self.options.n_seq if parallel is None else parallel
         if not 1 <= n <= self.options.n_seq:
             raise UsageError(f"parallel must be between 1 and {self.options.n_seq} (the Generator's parallel)")
@@ -235,10 +263,15 @@ class Generator:
                 except LlamaspecError as e:
                     failed.append(self._failure(key, e))
 
-        for key, gen in self.pipeline.engine.generate_many(jobs(), parallel=n, should_stop=should_stop):
-            yield from failed
-            failed.clear()
-            yield self._failure(key, gen) if isinstance(gen, LlamaspecError) else self._result(key, gen)
+        try:
+            for key, gen in self._pipeline().engine.generate_many(jobs(), parallel=n, should_stop=should_stop):
+                yield from failed
+                failed.clear()
+                yield self._failure(key, gen) if isinstance(gen, LlamaspecError) else self._result(key, gen)
+        except GenerationInterrupted:
+            raise
+        except KeyboardInterrupt as e:   # every finished result was yielded; the rest are dropped
+            raise GenerationInterrupted(None) from e
         yield from failed
 
     @staticmethod
@@ -257,6 +290,11 @@ class Generator:
                       gen.n_prompt, stats)
 
     # -- life cycle ----------------------------------------------------------------------------
+    def _pipeline(self):
+        if getattr(self, "pipeline", None) is None:
+            raise UsageError("this Generator is closed", "make a new Generator (models are freed by close())")
+        return self.pipeline
+
     def close(self) -> None:
         """Free the contexts and models now (idempotent)."""
         pipe, self.pipeline = getattr(self, "pipeline", None), None

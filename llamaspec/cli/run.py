@@ -54,7 +54,7 @@ def run(
     text = read_prompt(prompt, file)
 
     from llamaspec.cli._report import render_stats
-    from llamaspec.generator import Generator
+    from llamaspec.generator import GenerationInterrupted, Generator
     from llamaspec.runtime.llama import set_llama_log
 
     set_llama_log(out.verbose)
@@ -70,7 +70,10 @@ def run(
         out.detail(f"GPU offload: {g.pipeline.offload.reason}")   # -ngl/-ngld as loaded (runtime/offload.py)
         check_prompt_fits(len(g.tokenize(text)), g.n_ctx, gen.ctx_size)
         on_text = None if out.json else _streamer(out, color)
-        result = g.generate(text, on_text=on_text)
+        try:
+            result = g.generate(text, on_text=on_text)
+        except GenerationInterrupted as e:   # Ctrl-C / SIGTERM: the text so far and its stats, then 130/143
+            result = e.result
         n_ctx_used = g.n_ctx
     info = {"text": result.text, "tokens": result.tokens, "stop_reason": result.stop_reason, **result.stats}
     if out.json:

@@ -1,0 +1,104 @@
+"""The Python API under misuse: Ctrl-C stops a script's loop (GenerationInterrupted carries the
+partial Result), and bad inputs are UsageErrors that name the field, as the CLI's flags are."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from llamaspec.errors import UsageError
+from llamaspec.generator import Generator, Request
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A user's script: three generate calls in a loop, each long; it prints a line as each call starts.
+_LOOP = textwrap.dedent("""
+    import sys
+    from llamaspec import Generator, GenerationInterrupted
+    with Generator(sys.argv[1], spec_type="none", temperature=0, max_tokens=100000, ctx_size=4096,
+                   chat=False, threads=1) as g:
+        try:
+            for i in range(3):
+                print("call", i, flush=True)
+                g.generate("Once upon a time")
+                print("returned", i, flush=True)
+        except GenerationInterrupted as e:
+            print("interrupted", e.result.finish_reason, len(e.result.tokens) > 0, flush=True)
+            raise
+""")
+
+
+def test_sigint_in_a_generate_loop_stops_the_script_within_a_second(tiny_models, tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(_LOOP)
+    p = subprocess.Popen([sys.executable, str(script), str(tiny_models["target"])], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert p.stdout.readline().strip() == "call 0"
+        time.sleep(1.0)   # generating (the context is large: the call would run for minutes)
+        sent = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        waited = time.monotonic() - sent
+    finally:
+        p.kill()
+    assert "interrupted interrupted True" in out, (out, err[-2000:])
+    assert "call 1" not in out and "returned" not in out   # the loop did not go on
+    assert p.returncode != 0 and "GenerationInterrupted" in err   # uncaught, it ends the script
+    assert waited < 5, waited   # "within a second" on a quiet machine; bounded loosely on a shared one
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_models):
+    with Generator(tiny_models["target"], spec_type="none", temperature=0, max_tokens=4, threads=1) as g:
+        yield g
+
+
+@pytest.mark.parametrize("field, value", [("temperature", -1), ("top_p", 5), ("max_tokens", -3), ("top_k", "a"),
+                                          ("min_p", 2.0), ("repeat_penalty", 0.0), ("stop", [3])])
+def test_request_values_the_cli_refuses_are_refused_naming_the_field(gen, field, value):
+    with pytest.raises(UsageError, match=field):
+        gen.generate(Request("hi", **{field: value}))
+
+
+@pytest.mark.parametrize("prompt, match", [(42, "prompt must be text or a list of chat messages, not int"),
+                                           ([], "messages is empty"),
+                                           ([{"content": "hi"}], r"messages\[0\]\.role"),
+                                           ([{"role": "user", "content": 5}], r"messages\[0\]\.content"),
+                                           ([{"role": "user", "content": [{"type": "image_url"}]}],
+                                            "only text parts")])
+def test_bad_prompts_are_usage_errors(gen, prompt, match):
+    with pytest.raises(UsageError, match=match):
+        gen.generate(prompt)
+
+
+def test_openai_content_parts_work_in_generate(tiny_models):
+    with Generator(tiny_models["target"], spec_type="none", temperature=0, max_tokens=6, threads=1) as g:
+        if g.pipeline.target.chat_template is None:
+            pytest.skip("the tiny target has no chat template")
+        parts = g.generate([{"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}])
+        plain = g.generate([{"role": "user", "content": "Hello"}])
+    assert parts.tokens == plain.tokens and parts.n_prompt == plain.n_prompt
+
+
+def test_content_parts_on_the_real_model(smollm2_q4):
+    with Generator(smollm2_q4, spec_type="none", temperature=0, max_tokens=6, threads=1) as g:
+        parts = g.generate([{"role": "user", "content": [{"type": "text", "text": "Name a "}, {"type": "text", "text": "colour."}]}])
+        plain = g.generate([{"role": "user", "content": "Name a colour."}])
+    assert parts.tokens == plain.tokens and parts.text == plain.text
+
+
+def test_generate_after_close_is_a_usage_error(tiny_models):
+    g = Generator(tiny_models["target"], spec_type="none", temperature=0, max_tokens=2, threads=1)
+    g.close()
+    with pytest.raises(UsageError, match="closed"):
+        g.generate("hi")
+    with pytest.raises(UsageError, match="closed"):
+        list(g.generate_many(["hi"]))
