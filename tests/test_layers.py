@@ -44,8 +44,9 @@ def _layer(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "api"
-    return {"__main__": "cli", "_version": "errors", "generator": "api", "resolve": "api",
-            "generation_options": "api"}.get(parts[1], parts[1])
+    # a top-level module (generator.py, resolve.py, ...) is the public API, a package its own layer
+    top = {"__main__": "cli", "_version": "errors", "errors": "errors"}
+    return top.get(parts[1], "api" if (PKG / f"{parts[1]}.py").is_file() else parts[1])
 
 
 def _graph() -> dict[str, set[str]]:
