@@ -22,6 +22,7 @@ from llamaspec.errors import LlamaspecError, UsageError
 
 if TYPE_CHECKING:
     from llamaspec.generation_options import GenerationOptions
+    from llamaspec.streaming import TextStream
 
 # A prompt: text (the chat template is applied when the model has one, unless chat=False) or a
 # list of chat messages [{"role": ..., "content": ...}].
@@ -224,10 +225,19 @@ class Generator:
         return self.pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop)
 
     def generate(self, prompt: Prompt | Request, *, on_text: Callable[[str, bool, str], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> Result:
-        """One generation. on_text(piece, from_draft, drafter) streams the text as it comes."""
+                 should_stop: Callable[[], bool] | None = None, stream: bool = False) -> "Result | TextStream":
+        """One generation. on_text(piece, from_draft, drafter) streams the text as it comes.
+        stream=True returns a `TextStream` instead: iterate it for the text pieces, then read its
+        `result` (llamaspec/streaming.py)."""
         req = prompt if isinstance(prompt, Request) else Request(prompt)
         tokens, config = self.tokenize(req.prompt, req.chat), self._config(req)
+        if stream:
+            from llamaspec.streaming import TextStream
+
+            if should_stop is not None:
+                raise UsageError("should_stop is for generate without stream", "stop iterating the stream instead")
+            return TextStream(self._pipeline().engine, tokens, config, lambda g: self._result(req.id or "0", g),
+                              on_text)
         asked = []   # should_stop said stop: a normal end, not an interrupt
 
         def stop() -> bool:

@@ -102,3 +102,19 @@ def test_generate_after_close_is_a_usage_error(tiny_models):
         g.generate("hi")
     with pytest.raises(UsageError, match="closed"):
         list(g.generate_many(["hi"]))
+
+
+def test_generate_stream_yields_the_same_text_and_result(tiny_models):
+    with Generator(tiny_models["target"], draft=tiny_models["draft"], temperature=0, max_tokens=24, threads=1,
+                   chat=False) as g:
+        whole = g.generate("The quick brown fox")
+        stream = g.generate("The quick brown fox", stream=True)
+        pieces = list(stream)
+        assert len(pieces) > 1 and "".join(pieces) == whole.text
+        assert stream.result.tokens == whole.tokens and stream.result.finish_reason == whole.finish_reason
+        # breaking out early ends the generation cleanly; the next call is unaffected
+        early = g.generate("The quick brown fox", stream=True)
+        for _ in early:
+            break
+        assert early.result.finish_reason == "interrupted"
+        assert g.generate("The quick brown fox").tokens == whole.tokens

@@ -1,0 +1,70 @@
+"""`Generator.generate(..., stream=True)`: the text as an iterator of pieces, driven in the caller's
+thread one engine step at a time (no background thread: llama.cpp contexts are not thread-safe,
+and Ctrl-C must reach the loop that is generating).
+
+    stream = gen.generate("Write a haiku.", stream=True)
+    for piece in stream:
+        print(piece, end="", flush=True)
+    print(stream.result.stats["acceptance"])
+
+Breaking out of the loop ends the generation (finish_reason "interrupted" on `result`) and keeps
+the sequence's KV cache consistent for the next call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+if TYPE_CHECKING:
+    from llamaspec.generator import Result
+
+
+class TextStream:
+    """An iterable of text pieces; `result` is the whole `Result` once the iteration has ended."""
+
+    def __init__(self, engine, tokens: Sequence[int], config, make_result: Callable[[object], "Result"],
+                 on_text=None):
+        self._engine, self._tokens, self._config = engine, tokens, config
+        self._make_result, self._on_text = make_result, on_text
+        self._started = False
+        self.result: "Result | None" = None
+
+    def __iter__(self) -> Iterator[str]:
+        if self._started:
+            raise RuntimeError("a TextStream can be iterated once")
+        self._started = True
+        return self._run()
+
+    def _run(self) -> Iterator[str]:
+        from llamaspec.generator import GenerationInterrupted
+        from llamaspec.speculative.sequence import SequenceRun
+
+        pieces: list[str] = []
+
+        def collect(piece: str, from_draft: bool, source: str) -> None:
+            pieces.append(piece)
+            if self._on_text is not None:
+                self._on_text(piece, from_draft, source)
+
+        seq = SequenceRun(self._engine, 0, self._tokens, self._config, collect)
+        try:
+            seq.start()
+            while True:
+                while pieces:
+                    yield pieces.pop(0)
+                if seq.done:
+                    break
+                self._engine._step([seq])
+        except KeyboardInterrupt as e:
+            seq.stop("interrupted")
+            self.result = self._make_result(seq.finish())
+            raise GenerationInterrupted(self.result) from e
+        except GeneratorExit:   # the caller stopped iterating: end the sequence cleanly
+            seq.stop("interrupted")
+            self.result = self._make_result(seq.finish())
+            raise
+        except BaseException:
+            seq.abandon()
+            raise
+        self.result = self._make_result(seq.finish())
+        yield from pieces   # text held back for stop strings, flushed by finish()
