@@ -39,9 +39,9 @@ def oa(body: dict, url: str = "/v1/chat/completions", **extra) -> str:
 
 
 def test_worked_examples_in_docstrings_hold():
-    from llamaspec.batch import requests, results
+    from llamaspec.batch import guard, manifest, requests, results
 
-    for mod in (requests, results):
+    for mod in (requests, results, manifest, guard):
         r = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert r.failed == 0 and r.attempted > 0
 
@@ -54,6 +54,8 @@ def test_own_prompt_form_with_every_field():
             '"stop": ["\\n", "END"], "top_p": 0.9, "category": "extra keys are ignored"}')
     assert r == Request("q1", 1, "Hi", None, max_tokens=8, temperature=0.7, seed=42,
                         stop=["\n", "END"], top_p=0.9, openai=None)
+    r = one('{"prompt": "x", "top_k": 5, "min_p": 0, "repeat_penalty": 1.1}')
+    assert (r.top_k, r.min_p, r.repeat_penalty) == (5, 0.0, 1.1)
 
 
 def test_own_messages_form_and_defaults():
@@ -162,7 +164,38 @@ MALFORMED = [
      "max_tokens (4) and max_completion_tokens (5) differ"),
     (oa({"messages": [{"role": "u", "content": "x"}], "temperature": None, "top_p": -0.5}),
      "top_p must be in"),
+    ('{"prompt": "x", "top_k": 1.5}', "top_k must be an integer, got number"),
+    ('{"prompt": "x", "min_p": 2}', "min_p must be in [0, 1]"),
+    ('{"prompt": "x", "repeat_penalty": 0}', "repeat_penalty must be > 0"),
+    (oa({"messages": [{"role": "u", "content": "x"}], "temperature": -1}), "temperature must be in >= 0"),
 ]
+
+# body fields asking for what the engine cannot give: a 400 record naming the field, never dropped
+UNSUPPORTED_BODIES = [("n", 2), ("logprobs", True), ("top_logprobs", 3), ("response_format", {"type": "json_object"}),
+                      ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
+                      ("functions", [{"name": "f"}]), ("function_call", "auto"), ("best_of", 2), ("echo", True),
+                      ("suffix", "end"), ("logit_bias", {"1": 5}), ("presence_penalty", 0.5), ("stream", True)]
+
+
+@pytest.mark.parametrize("key, value", UNSUPPORTED_BODIES)
+def test_unsupported_body_fields_fail_their_line_naming_the_field(key, value):
+    url = "/v1/completions" if key in ("best_of", "echo", "suffix") else "/v1/chat/completions"
+    body = {"messages": [{"role": "user", "content": "x"}]} if url.endswith("chat/completions") else {"prompt": "x"}
+    err = one(oa({**body, key: value}, url=url))
+    assert isinstance(err, LineError) and err.param == key and err.message.startswith(f"{key} is not supported")
+    rec = error_record(err, err.message)
+    assert rec["response"]["status_code"] == 400
+    assert rec["response"]["body"]["error"]["param"] == key and rec["error"] is None
+
+
+def test_values_that_ask_for_nothing_special_are_accepted():
+    body = {"messages": [{"role": "user", "content": "x"}], "n": 1, "logprobs": False, "stream": False,
+            "response_format": {"type": "text"}, "tools": [], "presence_penalty": 0, "logit_bias": {},
+            "top_k": 20, "min_p": 0.1, "repeat_penalty": 1.2, "user": "u1", "metadata": {"a": "b"}}
+    r = one(oa(body))
+    assert isinstance(r, Request) and (r.top_k, r.min_p, r.repeat_penalty) == (20, 0.1, 1.2)
+    # llamaspec's own form keeps ignoring unknown keys (a dataset's own "n" or "tools" column)
+    assert isinstance(one('{"prompt": "x", "n": 5, "tools": "hammer"}'), Request)
 
 
 @pytest.mark.parametrize("line, expected", MALFORMED)
@@ -176,6 +209,8 @@ def test_each_malformed_kind_is_a_line_error_with_its_line_number(line, expected
     rec = error_record(err, err.message)
     if err.openai is None:
         assert rec["error"] == {"message": err.message, "line": 3}
+    elif "must" in expected and expected.split()[0] not in ("method", "body"):  # a bad value names its field
+        assert rec["response"]["body"]["error"]["param"] == expected.split()[0]
     else:
         assert rec["response"]["body"]["error"]["message"] == f"line 3: {err.message}"
 
@@ -260,7 +295,7 @@ def test_read_input_file_and_stdin(tmp_path):
     lines = read_input(str(p))
     items = parse_requests(lines)
     assert [(i.id, i.line, i.prompt) for i in items] == [("line-1", 1, "a\u2028b"), ("2", 3, "c")]
-    assert read_input("-", stdin=io.BytesIO(b'{"prompt": "x"}\n')) == ['{"prompt": "x"}', ""]
+    assert read_input("-", stdin=io.BytesIO(b'{"prompt": "x"}\n')) == [b'{"prompt": "x"}', b""]
 
 
 def test_read_input_errors(tmp_path):
@@ -269,13 +304,19 @@ def test_read_input_errors(tmp_path):
     assert e.value.hint
     with pytest.raises(InputError, match="input is a directory"):
         read_input(str(tmp_path))
+
+
+def test_a_line_that_is_not_utf8_fails_alone(tmp_path):
+    """One bad byte used to abort the whole job (the file was decoded at once): now that line is a
+    failed record naming its line and byte, and the lines around it run."""
     p = tmp_path / "latin1.jsonl"
-    p.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
-    with pytest.raises(InputError) as e:
-        read_input(str(p))
-    assert e.value.message == f"{p} is not UTF-8: byte 0xe9 on line 2"
-    with pytest.raises(InputError, match="standard input is not UTF-8"):
-        read_input("-", stdin=io.BytesIO(b"\xff"))
+    p.write_bytes(b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "caf\xe9"}\n{"id": "c", "prompt": "y"}\n')
+    items = parse_requests(read_input(str(p)))
+    assert [type(i).__name__ for i in items] == ["Request", "LineError", "Request"]
+    assert items[1].line == 2 and items[1].id == "line-2"
+    assert items[1].message.startswith("not UTF-8: byte 0xe9 at column 27")
+    (bad,) = parse_requests(read_input("-", stdin=io.BytesIO(b"\xff")))
+    assert isinstance(bad, LineError) and "byte 0xff" in bad.message
 
 
 # ---- OUTPUT and resume ------------------------------------------------------------------------
@@ -478,3 +519,176 @@ def test_manifest_stale_corrupt_and_directory(tmp_path):
     assert check_or_write_manifest(out, SETTINGS, force=True) == "overwritten"
     with pytest.raises(UsageError, match="is a directory"):
         check_or_write_manifest(tmp_path, SETTINGS)
+
+
+# ---- INPUT's identity in the manifest ---------------------------------------------------------
+
+
+def _ident(path, text: bytes) -> dict:
+    from llamaspec.batch import input_identity
+
+    lines = text.split(b"\n")
+    return input_identity(str(path), lines, parse_requests(lines))
+
+
+def test_manifest_refuses_another_input_file_unless_forced(tmp_path):
+    out = tmp_path / "out.jsonl"
+    a = _ident(tmp_path / "a.jsonl", b'{"id": "q1", "prompt": "x"}\n')
+    check_or_write_manifest(out, SETTINGS, input=a)
+    out.write_text('{"id": "q1", "text": "t"}\n')
+    b = _ident(tmp_path / "b.jsonl", b'{"id": "z", "prompt": "other"}\n')
+    with pytest.raises(UsageError) as e:
+        check_or_write_manifest(out, SETTINGS, input=b, recorded={"q1"})
+    assert e.value.message == f"{out} was started with input {tmp_path / 'a.jsonl'}, now {tmp_path / 'b.jsonl'}"
+    assert "--force" in e.value.hint
+    moved = _ident(tmp_path / "moved.jsonl", b'{"id": "q1", "prompt": "x"}\n')   # same bytes elsewhere: fine
+    assert check_or_write_manifest(out, SETTINGS, input=moved, recorded={"q1"}) == "unchanged"
+    assert check_or_write_manifest(out, SETTINGS, input=b, recorded={"q1"}, force=True) == "overwritten"
+    assert json.loads(open(manifest_path(out)).read())["input"]["lines"] == {"z": b["lines"]["z"]}
+
+
+def test_manifest_edited_request_under_a_recorded_id_is_refused(tmp_path):
+    out, src = tmp_path / "out.jsonl", tmp_path / "in.jsonl"
+    first = b'{"id": "q1", "prompt": "x"}\n{"id": "q2", "prompt": "y"}\n'
+    check_or_write_manifest(out, SETTINGS, input=_ident(src, first))
+    out.write_text('{"id": "q1", "text": "t"}\n')
+    # q2 (not yet in OUTPUT) edited and q3 added: nothing recorded is affected, the job goes on
+    grown = b'{"id": "q1", "prompt": "x"}\n{"id": "q2", "prompt": "Y!"}\n{"id": "q3", "prompt": "z"}\n'
+    assert check_or_write_manifest(out, SETTINGS, input=_ident(src, grown), recorded={"q1"}) == "unchanged"
+    edited = b'{"id": "q3", "prompt": "z"}\n{"id": "q1", "prompt": "x, edited"}\n'
+    with pytest.raises(UsageError) as e:
+        check_or_write_manifest(out, SETTINGS, input=_ident(src, edited), recorded={"q1"},
+                                lines_of={"q3": 1, "q1": 2})
+    assert e.value.message == f'{out} has a record for id "q1", whose request (input line 2) changed since'
+    gone = b'{"id": "q2", "prompt": "Y!"}\n'
+    with pytest.raises(UsageError, match='id "q1", which is no longer in the input'):
+        check_or_write_manifest(out, SETTINGS, input=_ident("-", gone), recorded={"q1"})
+    assert check_or_write_manifest(out, SETTINGS, input=_ident(src, edited), recorded={"q1"},
+                                   force=True) == "overwritten"
+    # the manifest now describes the edited input: the same command resumes without --force
+    assert check_or_write_manifest(out, SETTINGS, input=_ident(src, edited), recorded={"q1"}) == "unchanged"
+
+
+def test_manifest_effective_settings_are_information_only(tmp_path):
+    out = tmp_path / "out.jsonl"
+    check_or_write_manifest(out, SETTINGS, effective={"spec_type": "ngram-mod", "tuned": {"draft_max": 7}})
+    out.write_text('{"id": "r0"}\n')
+    assert check_or_write_manifest(out, SETTINGS, effective={"spec_type": "draft-simple", "tuned": None}) == "unchanged"
+    assert json.loads(open(manifest_path(out)).read())["effective"]["spec_type"] == "draft-simple"
+    doc = json.loads(open(manifest_path(out)).read())
+    with open(manifest_path(out), "w") as f:   # a job started by an older llamaspec (format /1)
+        json.dump({**doc, "format": "llamaspec-batch/1"}, f)
+    with pytest.raises(UsageError, match="started by an older llamaspec"):
+        check_or_write_manifest(out, SETTINGS)
+
+
+# ---- openai finish reasons and --ordered ------------------------------------------------------
+
+
+def test_context_finish_is_length_in_openai_form_only():
+    chat = one(oa({"messages": [{"role": "user", "content": "x"}]}))
+    body = result_record(chat, "t", "context", STATS, "m")["response"]["body"]
+    assert body["choices"][0]["finish_reason"] == "length"
+    own = one('{"id": "q", "prompt": "x"}')
+    assert result_record(own, "t", "context", STATS, "m")["finish_reason"] == "context"
+
+
+def test_in_order_writer_holds_results_until_their_predecessors_are_written():
+    from llamaspec.batch import InOrder
+
+    got = []
+    w = InOrder(["a", "b", "c", "d"], got.append)
+    w.put("c", "C")
+    w.put("b", "B")
+    assert got == [] and w.held == 2
+    w.put("a", "A")
+    assert got == ["A", "B", "C"] and w.held == 0
+    w.put("d", "D")
+    assert got == ["A", "B", "C", "D"]
+
+
+# ---- OUTPUT checked before any model loads ----------------------------------------------------
+
+
+def test_output_path_problems_name_the_directory(tmp_path, monkeypatch):
+    from llamaspec.batch import check_output_path
+
+    with pytest.raises(UsageError) as e:
+        check_output_path(tmp_path / "no" / "such" / "out.jsonl")
+    assert e.value.message == (f"cannot write -o {tmp_path / 'no/such/out.jsonl'}: directory "
+                               f"{tmp_path / 'no/such'} does not exist")
+    with pytest.raises(UsageError, match="cannot write -o /proc/x.jsonl: directory /proc: "):
+        check_output_path("/proc/x.jsonl")   # root may write anywhere, but not there
+    (tmp_path / "f").write_text("")
+    with pytest.raises(UsageError, match=f"{tmp_path / 'f'} is not a directory"):
+        check_output_path(tmp_path / "f" / "out.jsonl")
+    with pytest.raises(UsageError, match="is a directory"):
+        check_output_path(tmp_path)
+    check_output_path(tmp_path / "out.jsonl")
+    assert os.listdir(tmp_path) == ["f"]   # the probe leaves nothing behind
+    import shutil
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    with pytest.raises(UsageError, match=f"directory {tmp_path} has 1000 bytes free"):
+        check_output_path(tmp_path / "out.jsonl")
+
+
+def test_output_on_a_read_only_mount(tmp_path):
+    """A real read-only file system (EROFS), where os.access would still say yes to root."""
+    from llamaspec.batch import check_output_path
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here (not root, or no mount rights)")
+    try:
+        with pytest.raises(UsageError) as e:
+            check_output_path(ro / "out.jsonl")
+        assert e.value.message == f"cannot write -o {ro / 'out.jsonl'}: directory {ro}: read-only file system"
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_lock_refuses_a_second_holder_naming_the_pid(tmp_path):
+    from llamaspec.batch import OutputLock
+
+    out = tmp_path / "out.jsonl"
+    with OutputLock(out):
+        with pytest.raises(UsageError) as e:
+            OutputLock(out).acquire()   # another open file description: flock excludes it too
+        assert e.value.message == (f"{out} is being written by another llamaspec batch "
+                                   f"(pid {os.getpid()}; lock {out}.lock)")
+    with OutputLock(out):   # released: free again
+        pass
+
+
+LOCKER = r"""
+import sys, time
+from llamaspec.batch import OutputLock
+OutputLock(sys.argv[1]).acquire()
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_holder_leaves_no_lock_behind(tmp_path):
+    """The kernel drops an flock with its process: the lock file stays, with a dead pid in it,
+    and the next job takes it."""
+    from llamaspec.batch import OutputLock
+
+    out = tmp_path / "out.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen([sys.executable, "-c", LOCKER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        with pytest.raises(UsageError, match=f"pid {child.pid}"):
+            OutputLock(out).acquire()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+    assert (tmp_path / "out.jsonl.lock").read_text() == str(child.pid)   # stale file, no lock
+    with OutputLock(out) as lock:
+        assert open(lock.path).read() == str(os.getpid())

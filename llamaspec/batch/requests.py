@@ -6,9 +6,12 @@ reads INPUT (`read_input`), parses it (`parse_requests`), checks that OUTPUT bel
 the same settings (`check_or_write_manifest`), skips what OUTPUT holds (`OutputFile.done_ids`)
 and appends one record per request (`result_record` / `error_record`). INPUT lines are
 llamaspec's form or, when they have "custom_id" or "body", the OpenAI batch form (vLLM's
-`run-batch`, OpenAI's Batch API); unknown keys are ignored in both:
+`run-batch`, OpenAI's Batch API). Unknown keys are ignored, except in an OpenAI body the fields
+that ask for what the engine cannot do (`n` > 1, `logprobs`, `tools`, ...: `UNSUPPORTED`), which
+make the line a failed record naming the field rather than be dropped silently:
 
-    {"id": "q1", "prompt": "Hi", "max_tokens": 8, "temperature": 0, "seed": 1, "stop": "\\n"}
+    {"id": "q1", "prompt": "Hi", "max_tokens": 8, "temperature": 0, "seed": 1, "stop": "\\n",
+     "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1}
     {"id": 2, "messages": [{"role": "user", "content": "Hi"}]}
     {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
      "body": {"model": "ignored", "messages": [...], "max_completion_tokens": 8, "top_p": 0.9}}
@@ -18,9 +21,11 @@ Worked example:
 >>> items = parse_requests(['{"id": 7, "prompt": "Hi", "stop": "."}', '', '{"prompt": 3}'])
 >>> items[0]  # doctest: +NORMALIZE_WHITESPACE
 Request(id='7', line=1, prompt='Hi', messages=None, max_tokens=None, temperature=None,
-        seed=None, stop=['.'], top_p=None, openai=None)
->>> items[1]
-LineError(id='line-3', line=3, message='prompt must be a string, got number', openai=None)
+        seed=None, stop=['.'], top_p=None, openai=None, top_k=None, min_p=None,
+        repeat_penalty=None)
+>>> items[1]  # doctest: +NORMALIZE_WHITESPACE
+LineError(id='line-3', line=3, message='prompt must be a string, got number', openai=None,
+          param='prompt')
 """
 
 from __future__ import annotations
@@ -58,21 +63,51 @@ class Request:
     stop: list[str] = field(default_factory=list)
     top_p: float | None = None
     openai: str | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
 
 
 @dataclass
 class LineError:
     """A malformed INPUT line: the job goes on and OUTPUT gets an error record for it. `id` is the
-    line's own id when readable, else "line-N"; `message` is one line, without the line number."""
+    line's own id when readable, else "line-N"; `message` is one line, without the line number;
+    `param` the field at fault when there is one (OpenAI's error `param`)."""
 
     id: str
     line: int
     message: str
     openai: str | None = None
+    param: str | None = None
 
 
 class _Bad(Exception):
     """A malformed line; always turned into a LineError inside this module."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+# OpenAI body fields the engine cannot honour, with the value that asks for nothing (a function:
+# True when the value is harmless). Dropping them silently would hand back something else than
+# what was asked for (one choice for n=4, no logprobs, free text for a JSON schema).
+def _off(v: Any) -> bool:
+    return v is None or v is False
+
+
+UNSUPPORTED = {
+    "n": lambda v: v is None or v == 1, "best_of": lambda v: v is None or v == 1,
+    "logprobs": _off, "top_logprobs": lambda v: v is None or v == 0, "echo": _off,
+    "stream": _off, "suffix": lambda v: v is None or v == "",
+    "response_format": lambda v: v is None or v == {"type": "text"},
+    "tools": lambda v: v is None or v == [], "tool_choice": lambda v: v is None or v == "none",
+    "functions": lambda v: v is None or v == [], "function_call": lambda v: v is None or v == "none",
+    "logit_bias": lambda v: not v, "presence_penalty": lambda v: not v, "frequency_penalty": lambda v: not v,
+    "audio": _off, "modalities": lambda v: v is None or v == ["text"], "prediction": _off,
+    "guided_json": _off, "guided_regex": _off, "guided_choice": _off, "guided_grammar": _off, "grammar": _off,
+    "json_schema": _off, "use_beam_search": _off,
+}
 
 
 def _jtype(v: Any) -> str:
@@ -90,39 +125,49 @@ def _no_constant(name: str) -> Any:
 def _int(d: dict, key: str, lo: int | None = None) -> int | None:
     v = d.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-        raise _Bad(f"{key} must be an integer, got {_jtype(v)}")
+        raise _Bad(f"{key} must be an integer, got {_jtype(v)}", key)
     if v is not None and lo is not None and v < lo:
-        raise _Bad(f"{key} must be at least {lo}, got {v}")
+        raise _Bad(f"{key} must be at least {lo}, got {v}", key)
     return v
 
 
-def _num(d: dict, key: str, hi: float | None = None) -> float | None:
-    """A number >= 0, or in (0, hi] when `hi` is given (top_p)."""
+def _num(d: dict, key: str, hi: float | None = None, open_low: bool = True) -> float | None:
+    """A number >= 0, or in (0, hi] when `hi` is given (top_p; [0, hi] unless open_low: min_p).
+    The engine checks again (generator.Request): this gives the line's error its field early."""
     v = d.get(key)
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _Bad(f"{key} must be a number, got {_jtype(v)}")
-    if v < 0 or (hi is not None and not 0 < v <= hi):
-        raise _Bad(f"{key} must be in {'>= 0' if hi is None else f'(0, {hi:g}]'}, got {v}")
+        raise _Bad(f"{key} must be a number, got {_jtype(v)}", key)
+    low_ok = 0 < v if open_low else 0 <= v
+    if v < 0 or (hi is not None and not (low_ok and v <= hi)):
+        where = ">= 0" if hi is None else f"{'(' if open_low else '['}0, {hi:g}]"
+        raise _Bad(f"{key} must be in {where}, got {v}", key)
     return float(v)
+
+
+def _unsupported(body: dict) -> None:
+    for key, harmless in UNSUPPORTED.items():
+        if key in body and not harmless(body[key]):
+            raise _Bad(f"{key} is not supported (got {json.dumps(body[key])[:40]}): "
+                       "llamaspec gives one plain-text choice per request", key)
 
 
 def _messages(v: Any) -> list[dict]:
     if not isinstance(v, list) or not v:
-        raise _Bad(f"messages must be a non-empty array of {{role, content}}, got {_jtype(v)}")
+        raise _Bad(f"messages must be a non-empty array of {{role, content}}, got {_jtype(v)}", "messages")
     out = []
     for i, m in enumerate(v):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise _Bad(f"messages[{i}] must be an object with a string role, got {_jtype(m)}")
+            raise _Bad(f"messages[{i}] must be an object with a string role, got {_jtype(m)}", "messages")
         c = m.get("content")
         if isinstance(c, list):  # OpenAI content parts: text ones, joined with "\n" as vLLM does
             if not all(isinstance(p, dict) and p.get("type") == "text"
                        and isinstance(p.get("text"), str) for p in c):
-                raise _Bad(f"messages[{i}].content: only text parts are supported")
+                raise _Bad(f"messages[{i}].content: only text parts are supported", "messages")
             c = "\n".join(p["text"] for p in c)
         if not isinstance(c, str):
-            raise _Bad(f"messages[{i}].content must be a string, got {_jtype(c)}")
+            raise _Bad(f"messages[{i}].content must be a string, got {_jtype(c)}", "messages")
         out.append({"role": m["role"], "content": c})
     return out
 
@@ -130,7 +175,7 @@ def _messages(v: Any) -> list[dict]:
 def _stop(v: Any) -> list[str]:
     stops = [] if v is None else [v] if isinstance(v, str) else v
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise _Bad("stop must be a non-empty string or an array of them")
+        raise _Bad("stop must be a non-empty string or an array of them", "stop")
     return list(stops)
 
 
@@ -145,19 +190,36 @@ def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
         raise _Bad('give "prompt" or "messages", not both' if prompt is not None
                    else 'no "prompt" or "messages"')
     if prompt is not None and not isinstance(prompt, str):
-        raise _Bad(f"prompt must be a string, got {_jtype(prompt)}")
+        raise _Bad(f"prompt must be a string, got {_jtype(prompt)}", "prompt")
     max_tokens, max_completion = _int(d, "max_tokens", 1), _int(d, "max_completion_tokens", 1)
     if None not in (max_tokens, max_completion) and max_tokens != max_completion:
-        raise _Bad(f"max_tokens ({max_tokens}) and max_completion_tokens ({max_completion}) differ")
+        raise _Bad(f"max_tokens ({max_tokens}) and max_completion_tokens ({max_completion}) differ",
+                   "max_tokens")
+    if openai is not None:
+        _unsupported(d)
     return Request(rid, line, prompt, None if messages is None else _messages(messages),
                    max_completion if max_completion is not None else max_tokens,
                    _num(d, "temperature"), _int(d, "seed"), _stop(d.get("stop")),
-                   _num(d, "top_p", 1.0), openai)
+                   _num(d, "top_p", 1.0), openai, _int(d, "top_k"), _num(d, "min_p", 1.0, open_low=False),
+                   _positive(d, "repeat_penalty"))
 
 
-def _parse_line(text: str, line: int) -> Request | LineError:
+def _positive(d: dict, key: str) -> float | None:
+    v = _num(d, key)
+    if v is not None and v <= 0:
+        raise _Bad(f"{key} must be > 0 (1 is off), got {d[key]}", key)
+    return v
+
+
+def _parse_line(text: str | bytes, line: int) -> Request | LineError:
     rid, form = f"line-{line}", _UNKNOWN
     try:
+        if isinstance(text, bytes):  # decoded here, per line: one bad byte fails its line only
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise _Bad(f"not UTF-8: byte 0x{text[e.start]:02x} at column {e.start + 1} "
+                           "(convert the file to UTF-8, e.g. iconv -t UTF-8)") from None
         try:
             obj = json.loads(text, parse_constant=_no_constant)
         except ValueError as e:
@@ -187,15 +249,15 @@ def _parse_line(text: str, line: int) -> Request | LineError:
             raise _Bad(f"body must be an object, got {_jtype(obj.get('body'))}")
         return _request(obj["body"], rid, line, kind)
     except _Bad as e:
-        return LineError(rid, line, str(e), form)
+        return LineError(rid, line, str(e), form, e.param)
 
 
-def parse_requests(lines: Iterable[str]) -> list[Request | LineError]:
+def parse_requests(lines: Iterable[str | bytes]) -> list[Request | LineError]:
     """Parse INPUT lines (numbered from 1; blank ones skipped). A malformed line becomes a
     LineError in its place; one too broken to show its form takes the file's form (that of its
     first readable line), so an OpenAI batch file gets only OpenAI-shaped records. Raises
     InputError on a duplicate id (derived "line-N" ids included) before any work starts."""
-    items = [_parse_line(t, n) for n, t in enumerate(lines, 1) if t.strip()]
+    items = [_parse_line(t, n) for n, t in enumerate(lines, 1) if t.strip()]  # (str or bytes)
     default = next((it.openai for it in items if it.openai != _UNKNOWN), None)
     items = [replace(it, openai=default) if it.openai == _UNKNOWN else it for it in items]
     seen: dict[str, int] = {}
@@ -207,10 +269,10 @@ def parse_requests(lines: Iterable[str]) -> list[Request | LineError]:
     return items
 
 
-def read_input(path_or_dash: str, stdin: IO[bytes] | None = None) -> list[str]:
-    """INPUT's lines, from a file or "-" (standard input). Split on "\\n" only: JSON strings may
-    hold U+2028 and friends, which str.splitlines would split on."""
-    name = "standard input" if path_or_dash == "-" else path_or_dash
+def read_input(path_or_dash: str, stdin: IO[bytes] | None = None) -> list[bytes]:
+    """INPUT's lines as bytes, from a file or "-" (standard input); `parse_requests` decodes each
+    line on its own, so one line that is not UTF-8 is that line's failure, not the job's. Split on
+    "\\n" only: JSON strings may hold U+2028 and friends, which str.splitlines would split on."""
     try:
         if path_or_dash == "-":
             data = (stdin if stdin is not None else sys.stdin.buffer).read()
@@ -225,10 +287,4 @@ def read_input(path_or_dash: str, stdin: IO[bytes] | None = None) -> list[str]:
     except PermissionError:
         raise InputError(f"cannot read {path_or_dash}: permission denied",
                          hint="check file permissions") from None
-    data = data.removeprefix(codecs.BOM_UTF8)  # a BOM would break the first line's JSON
-    try:
-        return data.decode("utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise InputError(f"{name} is not UTF-8: byte 0x{data[e.start]:02x} on line {line}",
-                         hint="convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
+    return data.removeprefix(codecs.BOM_UTF8).split(b"\n")  # a BOM would break the first line's JSON

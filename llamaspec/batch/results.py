@@ -1,6 +1,7 @@
 """Records of `llamaspec batch`: one JSONL line per request (llamaspec's form or the OpenAI batch
 output form), appended and fsynced one at a time so a kill loses at most the line being written;
-resume reads back what is done; a manifest beside OUTPUT refuses to mix settings in one file.
+resume reads back what is done (the manifest beside OUTPUT that refuses to mix jobs in one file is
+manifest.py); `InOrder` holds finished records back so that they are written in input order.
 
 >>> from llamaspec.batch.requests import parse_requests
 >>> ok, bad = parse_requests(['{"id": 7, "prompt": "Hi"}', '{"prompt": 3}'])
@@ -22,11 +23,12 @@ from contextlib import suppress
 from typing import Any, Iterable, Iterator
 
 from llamaspec.batch.requests import CHAT, LineError, Request
-from llamaspec.errors import InputError, UsageError, disk_full
+from llamaspec.errors import InputError, disk_full
 
-__all__ = ["result_record", "error_record", "OutputFile", "check_or_write_manifest", "manifest_path"]
+__all__ = ["result_record", "error_record", "OutputFile", "InOrder", "openai_finish_reason"]
 
-MANIFEST_SUFFIX = ".llamaspec.json"
+# finish_reason values the OpenAI SDK accepts (its models refuse any other)
+OPENAI_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "function_call")
 
 
 def _openai_line(custom_id: str, status: int, body: dict) -> dict:
@@ -42,14 +44,16 @@ def result_record(req: Request, text: str, finish_reason: str, stats: dict, mode
     "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content":
     text}, "logprobs": null, "finish_reason"}], "usage": {"prompt_tokens", "completion_tokens",
     "total_tokens"}, "id", "created", "model"}}, "error": null}; for /v1/completions the body is
-    a "text_completion" with choices[0].text."""
+    a "text_completion" with choices[0].text. OpenAI's form has OpenAI's finish reasons only
+    (`openai_finish_reason`: "context", the context filled, is "length"); our own keeps ours."""
     if req.openai is None:
         rec = {"id": req.id, "text": text, "finish_reason": finish_reason}
         rec.update((k, v) for k, v in stats.items() if k not in rec)
         return rec
     chat = req.openai == CHAT
     choice = {"index": 0, **({"message": {"role": "assistant", "content": text}} if chat
-                             else {"text": text}), "logprobs": None, "finish_reason": finish_reason}
+                             else {"text": text}), "logprobs": None,
+              "finish_reason": openai_finish_reason(finish_reason)}
     p, c = stats["n_prompt"], stats["n_generated"]
     body = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
             "object": "chat.completion" if chat else "text_completion",
@@ -58,20 +62,30 @@ def result_record(req: Request, text: str, finish_reason: str, stats: dict, mode
     return _openai_line(req.id, 200, body)
 
 
+def openai_finish_reason(reason: str) -> str:
+    """One of OPENAI_FINISH_REASONS: the context filling up (or an interrupt) cut the text short,
+    which OpenAI calls "length" (the token limit, as llama-server does)."""
+    return reason if reason in OPENAI_FINISH_REASONS else "length" if reason in ("context", "interrupted") \
+        else "stop"
+
+
 def error_record(item: Request | LineError, message: str, code: str | None = None,
-                 status: int = 400) -> dict:
+                 status: int = 400, param: str | None = None) -> dict:
     """The OUTPUT line of a failed request or a malformed line. Own form: {"id", "error":
     {"message", "line"}}. OpenAI form: what OpenAI's batch output holds for a request the API
     rejects, an HTTP error response with a null top-level `error` (that one is documented "for
     requests that failed with a non-HTTP error", e.g. batch_expired): {"id": "batch_req_…",
     "custom_id", "response": {"status_code": 400, "request_id", "body": {"error": {"message":
-    "line N: …", "type": "invalid_request_error", "param": null, "code": code}}}, "error": null}.
+    "line N: …", "type": "invalid_request_error", "param", "code": code}}}, "error": null}, `param`
+    the field at fault (a LineError's own when not given) or null.
     A status >= 500 (our failure, not the request's) gives type "server_error"."""
     if item.openai is None:
         return {"id": item.id, "error": {"message": message, "line": item.line}}
+    if param is None and isinstance(item, LineError):
+        param = item.param
     err = {"message": f"line {item.line}: {message}",
            "type": "invalid_request_error" if status < 500 else "server_error",
-           "param": None, "code": code}
+           "param": param, "code": code}
     return _openai_line(item.id, status, {"error": err})
 
 
@@ -162,6 +176,17 @@ class OutputFile:
                                      hint="give a new -o")
                 yield n, raw, _record_info(rec)
 
+    def recorded_ids(self) -> set[str]:
+        """Ids of OUTPUT's complete records, failed ones too, without changing the file."""
+        ids: set[str] = set()
+        try:
+            for _, _, info in self._lines():
+                if info is not None:
+                    ids.add(info[0])
+        except InputError:
+            pass  # done_ids() says what is wrong with the file, in the order of the job's checks
+        return ids
+
     def done_ids(self, include_failed: bool = True) -> set[str]:
         """Ids (own `id` or OpenAI `custom_id`) of OUTPUT's complete records. An incomplete last
         line (no newline or not JSON: a kill mid-write, a crash's zero-filled tail) is cut off,
@@ -221,57 +246,34 @@ class OutputFile:
         self.close()
 
 
-def manifest_path(output_path: str | os.PathLike) -> str:
-    return os.fspath(output_path) + MANIFEST_SUFFIX
+class InOrder:
+    """`--ordered`: records written in input order although they finish in any order. `keys` are
+    the ids to write, in input order; `put(key, record)` writes the record and then every held one
+    whose predecessors are all written. Holds at most the records finished ahead of the oldest
+    unfinished one (about --parallel of them, or a few more when a long request lags).
 
+    >>> got = []
+    >>> w = InOrder(["a", "b", "c"], got.append)
+    >>> w.put("b", 2); got
+    []
+    >>> w.put("a", 1); got
+    [1, 2]
+    >>> w.put("c", 3); got, w.held
+    ([1, 2, 3], 0)
+    """
 
-def _first_difference(old: dict, new: dict, prefix: str = "") -> tuple[str, str, str]:
-    """(dotted key, old, new) of the first differing setting, in the new settings' order."""
-    absent = object()
-    for key in [*new, *(k for k in old if k not in new)]:
-        a, b = old.get(key, absent), new.get(key, absent)
-        if a != b:
-            if isinstance(a, dict) and isinstance(b, dict):
-                return _first_difference(a, b, f"{prefix}{key}.")
-            a, b = ("(absent)" if v is absent else json.dumps(v) for v in (a, b))
-            return f"{prefix}{key}", a, b
-    raise AssertionError("no difference")
+    def __init__(self, keys: Iterable[str], write):
+        self._order = list(keys)
+        self._next = 0
+        self._held: dict[str, Any] = {}
+        self._write = write
 
+    @property
+    def held(self) -> int:
+        return len(self._held)
 
-def check_or_write_manifest(output_path: str | os.PathLike, settings: dict,
-                            force: bool = False) -> str:
-    """Keep one OUTPUT to one job's settings, recorded in OUTPUT + ".llamaspec.json". `settings`
-    is the caller's JSON-able fingerprint (model and draft identity, spec types, sampling, max
-    tokens...). Returns "written" (no OUTPUT yet, or an empty one), "unchanged" (a resume) or
-    "overwritten" (force). Raises UsageError when OUTPUT holds records of other settings (naming
-    the first differing key: "out.jsonl was started with other settings: temp was 0.0, now
-    0.7") or has no manifest."""
-    out, mpath = os.fspath(output_path), manifest_path(output_path)
-    if os.path.isdir(out):
-        raise UsageError(f"-o {out} is a directory", hint="give a file path")
-    new = json.loads(json.dumps(settings))  # as a re-read will see it (tuples become lists)
-    status = "written"
-    if os.path.exists(out) and os.path.getsize(out) > 0:
-        try:
-            with open(mpath, encoding="utf-8") as f:
-                old = json.load(f).get("settings")
-            problem = None if isinstance(old, dict) else f"{mpath} holds no settings"
-        except FileNotFoundError:
-            old, problem = None, f"{out} exists without {os.path.basename(mpath)} " \
-                                 "(it was not written by llamaspec batch)"
-        except (ValueError, AttributeError) as e:
-            old, problem = None, f"{mpath} is unreadable ({type(e).__name__})"
-        if problem is None and old == new:
-            return "unchanged"
-        if not force:
-            if problem is None:
-                key, a, b = _first_difference(old, new)
-                problem = f"{out} was started with other settings: {key} was {a}, now {b}"
-            raise UsageError(problem, hint="--force to continue with the new settings, or a new -o")
-        status = "overwritten"
-    doc = {"format": "llamaspec-batch/1", "settings": new}
-    try:
-        _write_atomic(mpath, [(json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode()])
-    except OSError as e:
-        raise disk_full(mpath, e, "free some space, then run the same command again") or e
-    return status
+    def put(self, key: str, record: Any) -> None:
+        self._held[key] = record
+        while self._next < len(self._order) and self._order[self._next] in self._held:
+            self._write(self._held.pop(self._order[self._next]))
+            self._next += 1

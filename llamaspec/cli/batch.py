@@ -2,7 +2,9 @@
 
 Every record is appended and fsynced as its request finishes, so a kill loses at most the record
 being written; rerunning the same command skips the ids OUTPUT holds (a half-written last line is
-cut and redone). A manifest beside OUTPUT refuses a resume with other settings unless --force.
+cut and redone). A manifest beside OUTPUT refuses a resume with other settings, or with an input
+changed under records OUTPUT holds, unless --force. OUTPUT is checked (writable, not being written
+by another job: an flock on OUTPUT.lock) before any model loads.
 """
 
 from __future__ import annotations
@@ -32,11 +34,16 @@ def batch(
         help="Target GGUF: a path or Hub reference (org/repo:QUANT).")],
     input: Annotated[str, typer.Argument(
         help="JSONL requests ('-' for stdin): {\"id\", \"prompt\" | \"messages\", \"max_tokens\", "
-             "\"temperature\", \"seed\", \"stop\"} or the OpenAI batch form (custom_id, url, body).")],
+             "\"temperature\", \"top_p\", \"top_k\", \"min_p\", \"repeat_penalty\", \"seed\", \"stop\"} "
+             "or the OpenAI batch form (custom_id, url, body).")],
     output_path: Annotated[str, typer.Option("-o", "--output", help="JSONL results, appended (resumable).")],
     parallel: Annotated[int, typer.Option(
         "--parallel", help="Sequences decoded together in one context.", callback=at_least("--parallel", 1))] = 1,
-    force: Annotated[bool, typer.Option("--force", help="Resume even if the model or settings changed.")] = False,
+    ordered: Annotated[bool, typer.Option(
+        "--ordered", help="Write records in input order (default: as they finish, which differs with --parallel).")
+    ] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Resume even if the model, settings or input changed.")] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Redo requests recorded as failed.")] = False,
     *,
     gen: GenerationOptions,
@@ -44,59 +51,92 @@ def batch(
     out: Output,
 ) -> None:
     """Generate for every request of a JSONL file; resumable, one JSONL record per request."""
-    from dataclasses import asdict, replace
+    from dataclasses import replace
 
     from llamaspec import batch as io
     from llamaspec.generator import Generator, Request
     from llamaspec.runtime.llama import set_llama_log
 
-    items = io.parse_requests(io.read_input(input))  # duplicate ids: an error before any work
-    set_llama_log(out.verbose)
-    with Generator.from_options(model, replace(gen, ngram=ngram, parallel=parallel)) as g:
-        for note in g.notes:
-            out.info(note)
-        if warning := draft_size_warning(g.resolved.target_path, g.resolved.draft_path):
-            out.warn(warning)
-        io.check_or_write_manifest(output_path, {**g.describe(), "ngram": asdict(ngram)}, force)
-        with io.OutputFile(output_path) as records:
-            done = records.done_ids(include_failed=not retry_failed)
-            model_name = str(g.resolved.target_ref)
-            failed = 0
-            for item in items:  # malformed lines: recorded with their line numbers, the job goes on
-                if isinstance(item, io.LineError) and item.id not in done:
-                    records.append(io.error_record(item, item.message))
-                    out.warn(f"line {item.line}: {item.message}")
-                    failed += 1
-            todo = {r.id: r for r in items if isinstance(r, io.Request) and r.id not in done}
-            skipped = sum(1 for r in items if r.id in done)
-            if skipped:
-                out.info(f"resuming: {skipped} of {len(items)} requests already in {output_path}")
-            requests = (Request(r.prompt if r.messages is None else r.messages, id=r.id, max_tokens=r.max_tokens,
-                                temperature=r.temperature, top_p=r.top_p, seed=r.seed, stop=r.stop or None,
-                                chat=False if r.openai == io.COMPLETIONS else None)
-                        for r in todo.values())
-            progress = _Progress(out, len(todo))
-            try:
-                for res in g.generate_many(requests, parallel=parallel):
-                    req = todo[res.id]
-                    if res.error is not None:
-                        code = "context_length_exceeded" if "context" in res.error.message else None
-                        records.append(io.error_record(req, res.error.message, code=code))
-                        out.warn(f"line {req.line} ({req.id}): {res.error.message}")
-                        failed += 1
-                    else:
-                        records.append(io.result_record(req, res.text, res.finish_reason, res.stats, model_name))
-                    progress.update(res)
-            except KeyboardInterrupt:   # (and SIGTERM): every finished record is in OUTPUT, fsynced
-                from llamaspec.cli._errors import interrupted_exit_code
+    lines = io.read_input(input)
+    items = io.parse_requests(lines)  # duplicate ids: an error before any work
+    io.check_output_path(output_path)   # a bad -o, and another job on it: before any model loads
+    with io.OutputLock(output_path):
+        set_llama_log(out.verbose)
+        with Generator.from_options(model, replace(gen, ngram=ngram, parallel=parallel)) as g:
+            for note in g.notes:
+                out.info(note)
+            if warning := draft_size_warning(g.resolved.target_path, g.resolved.draft_path):
+                out.warn(warning)
+            with io.OutputFile(output_path) as records:
+                io.check_or_write_manifest(
+                    output_path, _requested(g, gen, ngram), force, input=io.input_identity(input, lines, items),
+                    recorded=records.recorded_ids(), effective={**g.describe(), "tuned": g.tuned},
+                    lines_of={it.id: it.line for it in items})
+                done = records.done_ids(include_failed=not retry_failed)
+                todo = [it for it in items if it.id not in done]
+                progress = _Progress(out, sum(isinstance(r, io.Request) for r in todo), len(items), len(items) - len(todo))
+                if progress.skipped:
+                    out.info(f"resuming: {progress.skipped} of {len(items)} requests already in {output_path}")
+                write = io.InOrder([it.id for it in todo], records.append).put if ordered \
+                    else (lambda _key, record: records.append(record))
+                for item in todo:  # malformed lines: recorded with their line numbers, the job goes on
+                    if isinstance(item, io.LineError):
+                        write(item.id, io.error_record(item, item.message))
+                        out.warn(f"line {item.line}: {item.message}")
+                        progress.failed += 1
+                requests = {r.id: r for r in todo if isinstance(r, io.Request)}
+                try:
+                    for res in g.generate_many((_engine_request(Request, r, io.COMPLETIONS) for r in requests.values()),
+                                               parallel=parallel):
+                        req = requests[res.id]
+                        if res.error is not None:
+                            code = "context_length_exceeded" if "context" in res.error.message else None
+                            write(req.id, io.error_record(req, res.error.message, code=code))
+                            out.warn(f"line {req.line} ({req.id}): {res.error.message}")
+                            progress.failed += 1
+                        else:
+                            write(req.id, io.result_record(req, res.text, res.finish_reason, res.stats, str(g.resolved.target_ref)))
+                            progress.done += 1
+                        progress.update(res)
+                except KeyboardInterrupt:   # (and SIGTERM): every finished record is in OUTPUT, fsynced
+                    from llamaspec.cli._errors import interrupted_exit_code
 
-                progress.finish(failed, interrupted=True)
-                raise typer.Exit(interrupted_exit_code())
-    summary = progress.finish(failed)
+                    summary = progress.finish(interrupted=True)
+                    if out.json:
+                        out.data(summary)   # what was done so far: a script reads it like a finished job's
+                    raise typer.Exit(interrupted_exit_code())
+    summary = progress.finish()
     if out.json:
         out.data(summary)
-    if failed:
+    if progress.failed:
         raise typer.Exit(1)
+
+
+def _engine_request(request_type, r, completions: str):
+    """The engine's Request for a parsed line (its per-request settings are validated there)."""
+    return request_type(r.prompt if r.messages is None else r.messages, id=r.id, max_tokens=r.max_tokens,
+                        temperature=r.temperature, top_p=r.top_p, seed=r.seed, stop=r.stop or None,
+                        chat=False if r.openai == completions else None, top_k=r.top_k, min_p=r.min_p,
+                        repeat_penalty=r.repeat_penalty)
+
+
+def _requested(g, gen: GenerationOptions, ngram: NgramParams) -> dict:
+    """What the user asked for: the resume check's settings. Not what ran in effect (a stored
+    `tune` configuration's spec type, the draft `auto` found): that goes into the manifest as
+    information, so `tune --forget` or a new draft on disk does not make the same command another job."""
+    import os
+    from dataclasses import asdict
+
+    s, target = gen.sampling, g.resolved.target_path
+    draft = None if gen.draft is None else str(gen.draft)
+    if draft is not None and os.path.exists(draft):
+        draft = os.path.abspath(draft)
+    return {"model": str(target), "model_size": target.stat().st_size, "draft": draft, "spec_type": gen.spec_type,
+            "draft_max": gen.draft_max, "draft_min": gen.draft_min, "draft_p_min": gen.draft_p_min,
+            "adaptive": gen.adaptive, "ctx_size": gen.ctx_size, "temperature": s.temperature, "top_k": s.top_k,
+            "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
+            "seed": s.seed, "max_tokens": gen.max_tokens, "stop": list(gen.stop), "chat": gen.chat,
+            "system": gen.system, "ngram": asdict(ngram)}
 
 
 class _Progress:
@@ -105,9 +145,10 @@ class _Progress:
 
     EVERY = 5.0
 
-    def __init__(self, out: Output, total: int):
-        self.out, self.total = out, total
-        self.done = self.tokens = self.drafted = self.accepted = 0
+    def __init__(self, out: Output, total: int, lines: int, skipped: int):
+        self.out, self.total, self.lines, self.skipped = out, total, lines, skipped
+        self.done = self.failed = 0   # records written this run: succeeded, failed (malformed lines too)
+        self.generated = self.tokens = self.drafted = self.accepted = 0
         self.t0 = self.last = time.perf_counter()
         self.bar = self.task = None
         if out.progress_enabled and total:
@@ -119,36 +160,41 @@ class _Progress:
             self.bar.start()
 
     def update(self, res) -> None:
-        self.done += 1
+        self.generated += 1
         self.tokens += len(res.tokens)
         self.drafted += res.stats.get("drafted", 0)
         self.accepted += res.stats.get("accepted", 0)
         now = time.perf_counter()
         if self.bar is not None:
-            self.bar.update(self.task, completed=self.done, rate=f"{self.tokens / (now - self.t0):.1f} tok/s, "
+            self.bar.update(self.task, completed=self.generated, rate=f"{self.tokens / (now - self.t0):.1f} tok/s, "
                                                                  f"acceptance {self._acceptance():.0%}")
             return
         if now - self.last >= self.EVERY and not self.out.quiet:
             self.last = now
-            rate = self.done / (now - self.t0)
-            eta = (self.total - self.done) / rate if rate else 0.0
-            self.out.info(f"{self.done}/{self.total} done, {self.tokens / (now - self.t0):.1f} tok/s, "
+            rate = self.generated / (now - self.t0)
+            eta = (self.total - self.generated) / rate if rate else 0.0
+            self.out.info(f"{self.generated}/{self.total} done, {self.tokens / (now - self.t0):.1f} tok/s, "
                           f"acceptance {self._acceptance():.1%}, ETA {eta:.0f} s")
 
     def _acceptance(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
 
-    def finish(self, failed: int, interrupted: bool = False) -> dict:
+    def finish(self, interrupted: bool = False) -> dict:
+        """The summary: INPUT's `lines` (requests, malformed ones included) are `skipped` (already
+        in OUTPUT) + `done` + `failed` (this run) + what an interrupt left undone."""
         if self.bar is not None:
             self.bar.stop()
         secs = time.perf_counter() - self.t0
-        summary = {"done": self.done, "total": self.total, "failed": failed, "tokens": self.tokens,
+        summary = {"lines": self.lines, "skipped": self.skipped, "done": self.done, "failed": self.failed,
+                   "remaining": self.lines - self.skipped - self.done - self.failed, "tokens": self.tokens,
                    "seconds": secs, "tokens_per_second": self.tokens / secs if secs > 0 else 0.0,
                    "drafted": self.drafted, "accepted": self.accepted, "acceptance": self._acceptance(),
                    "interrupted": interrupted}
         if not self.out.quiet:
             sys.stderr.flush()
-            self.out.info(f"{'interrupted: ' if interrupted else ''}{self.done}/{self.total} requests, "
-                          f"{failed} failed, {self.tokens} tokens in {secs:.1f} s "
+            skipped = f", {self.skipped} already in OUTPUT" if self.skipped else ""
+            left = f", {summary['remaining']} not done" if summary["remaining"] else ""
+            self.out.info(f"{'interrupted: ' if interrupted else ''}{self.lines} lines: {self.done} done, "
+                          f"{self.failed} failed{skipped}{left}; {self.tokens} tokens in {secs:.1f} s "
                           f"({summary['tokens_per_second']:.1f} tok/s), acceptance {self._acceptance():.1%}")
         return summary
