@@ -71,38 +71,45 @@ def test_tune_stores_a_config_and_the_next_run_uses_it(run_cli, pair, one_prompt
 
     after = _run(run_cli, t, "--draft", d)
     assert after["tuned"] is not None and after["tuned"]["spec_type"] == cfg["spec_type"]
-    assert after["spec_type"] == cfg["spec_type"]
+    from llamaspec.speculative.options import needs_draft_model, parse_spec_types
+
+    if needs_draft_model(parse_spec_types(cfg["spec_type"])):
+        assert after["spec_type"] == cfg["spec_type"] and after["tuned"]["applied"][0] == "spec-type"
+    else:   # the draft typed on the command line is used: the stored draft-free config is not
+        assert after["spec_type"] == "draft-simple" and after["tuned"]["applied"] == []
     plain = _run(run_cli, t, "--spec-type", "none")   # an explicit spec type: the store is not used
     assert plain["tuned"] is None and plain["tokens"] == after["tokens"]
 
 
 def test_run_applies_a_stored_config_and_flags_win(run_cli, pair):
     t, d = pair
-    store.save(t, d, TunedConfig("ngram-mod", draft_max=7, ngram={"mod_n_match": 3}))
-    info = _run(run_cli, t, "--draft", d)
-    assert info["spec_type"] == "ngram-mod" and info["draft_model"] is None   # the draft is not needed
+    store.save(t, None, TunedConfig("ngram-mod", draft_max=7, ngram={"mod_n_match": 3}))
+    info = _run(run_cli, t, "--draft", "none")
+    assert info["spec_type"] == "ngram-mod" and info["draft_model"] is None
     tuned = info["tuned"]
     assert (tuned["spec_type"], tuned["draft_max"], tuned["ngram"], tuned["overridden"]) == (
         "ngram-mod", 7, {"mod_n_match": 3}, [])
-    human = run_cli("run", t, "--draft", d, "-p", "hi", "--temp", "0", *FAST)
+    assert tuned["applied"] == ["spec-type", "draft-max", "mod-n-match"]
+    human = run_cli("run", t, "--draft", "none", "-p", "hi", "--temp", "0", *FAST)
     assert "tuned config from " in human.stderr and "spec ngram-mod, draft-max 7" in human.stderr
 
-    kept = _run(run_cli, t, "--draft", d, "--draft-max", "5", "--spec-ngram-mod-n-match", "4")
+    kept = _run(run_cli, t, "--draft", "none", "--draft-max", "5", "--spec-ngram-mod-n-match", "4")
     assert kept["tuned"]["overridden"] == ["draft-max", "mod-n-match"] and kept["spec_type"] == "ngram-mod"
-    other = _run(run_cli, t, "--draft", d, "--spec-type", "draft")
-    assert other["tuned"] is None and other["spec_type"] == "draft-simple"
-    alone = _run(run_cli, t)                    # the target without a draft: another pair, never tuned
-    assert alone["tuned"] is None   # (its spec type is run's default, whatever that is)
+    other = _run(run_cli, t, "--draft", "none", "--spec-type", "ngram-simple")
+    assert other["tuned"] is None and other["spec_type"] == "ngram-simple"
+    paired = _run(run_cli, t, "--draft", d)     # the pair with a draft: another entry, never tuned
+    assert paired["tuned"] is None and paired["spec_type"] == "draft-simple"
 
 
 def test_generator_gets_the_tuned_settings_and_explicit_ones(pair):
     from llamaspec.generator import Generator
 
     t, d = pair
-    store.save(t, d, TunedConfig("ngram-mod", draft_max=7, ngram={"mod_n_match": 3}))
+    store.save(t, d, TunedConfig("ngram-mod,draft-simple", draft_max=7, ngram={"mod_n_match": 3}))
     with Generator(t, draft=d, temperature=0, threads=1, max_tokens=4) as g:
-        assert (g.options.spec_types, g.options.draft_max, g.options.ngram.mod_n_match) == (["ngram-mod"], 7, 3)
-        assert g.options.draft_path is None and g.spec_label == "ngram-mod"
+        assert (g.options.spec_types, g.options.draft_max, g.options.ngram.mod_n_match) == (
+            ["ngram-mod", "draft-simple"], 7, 3)
+        assert g.options.draft_path is not None and g.spec_label == "ngram-mod,draft-simple"
     with Generator(t, draft=d, temperature=0, threads=1, max_tokens=4, draft_max=5) as g:
         assert (g.options.draft_max, g.options.ngram.mod_n_match) == (5, 3)
     with Generator(t, draft=d, temperature=0, threads=1, max_tokens=4, tuned=False) as g:
@@ -111,10 +118,10 @@ def test_generator_gets_the_tuned_settings_and_explicit_ones(pair):
 
 def test_batch_uses_the_stored_config(run_cli, pair, tmp_path):
     t, d = pair
-    store.save(t, d, TunedConfig("ngram-simple", draft_max=9))
+    store.save(t, None, TunedConfig("ngram-simple", draft_max=9))
     inp, outp = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text(json.dumps({"id": "a", "prompt": "hi"}) + "\n")
-    r = run_cli("batch", t, inp, "-o", outp, "--draft", d, "--temp", "0", *FAST)
+    r = run_cli("batch", t, inp, "-o", outp, "--draft", "none", "--temp", "0", *FAST)
     assert r.exit_code == 0, r.stderr
     rec = json.loads(outp.read_text().splitlines()[0])
     assert rec["spec_type"] == "ngram-simple" and rec["tuned"]["draft_max"] == 9

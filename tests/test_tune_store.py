@@ -131,7 +131,8 @@ def test_apply_flags_win_per_setting(pair):
     b = _apply(t, d, draft_max=5, ngram=NgramParams(mod_n_match=3))
     assert (b.draft_max, b.draft_p_min, b.ngram.mod_n_match) == (5, 0.5, 3)
     assert b.info["overridden"] == ["draft-max", "mod-n-match"]
-    assert "flags kept: draft-max" in tuned_summary(b.info)
+    assert b.info["applied"] == ["spec-type", "draft-p-min"]
+    assert "overridden by flags: draft-max, mod-n-match" in tuned_summary(b.info)
     assert _apply(t, d, spec_types=["ngram-simple", "draft-simple"], spec_type_given=True) is None
     same = _apply(t, d, spec_types=["ngram-mod", "draft-simple"], spec_type_given=True)
     assert same is not None and same.draft_max == 24

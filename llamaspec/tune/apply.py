@@ -5,6 +5,11 @@ configuration is not used at all (its draft length and n-gram settings belong to
 `--draft-max`, `--draft-p-min` or `--spec-ngram-*` value keeps its own setting and the tuned rest
 still applies. A setting counts as given when it differs from its default (the CLI passes every
 default), so passing exactly the default value cannot override a tuned value.
+
+A draft the user named (not `--draft auto`) is always used: a stored configuration that runs
+without a draft model (an n-gram type, or plain decoding) is then not applied, and the `tuned`
+object says so (`applied` empty, `overridden` from "spec-type" on, `reason`), so the run is not
+silently something else than what was typed.
 """
 
 from __future__ import annotations
@@ -32,13 +37,26 @@ class Applied:
 
 
 def tuned_summary(info: dict[str, Any] | None) -> str | None:
-    """'tuned config from 2026-12-03 (spec ngram-mod, draft-max 48)' for a stats line."""
+    """'tuned config from 2026-12-03 (spec ngram-mod, draft-max 48): applied spec-type, draft-max;
+    overridden by flags: mod-n-match' for a stats line (or '... not applied: <reason>')."""
     if not info:
         return None
     text = f"tuned config from {str(info.get('created', ''))[:10]} ({info.get('settings', '')})"
+    if info.get("reason"):
+        return f"{text} not applied: {info['reason']}"
+    if info.get("applied") is not None:
+        text += f": applied {', '.join(info['applied']) or 'nothing'}"
     if info.get("overridden"):
-        text += f"; flags kept: {', '.join(info['overridden'])}"
+        text += f"; overridden by flags: {', '.join(info['overridden'])}"
     return text
+
+
+def _stored_settings(cfg: TunedConfig) -> list[str]:
+    """The settings a stored configuration sets, in flag words ('spec-type', 'draft-max', ...)."""
+    names = ["spec-type"] + (["draft-max"] if cfg.draft_max is not None else [])
+    names += ["draft-p-min"] if cfg.draft_p_min else []
+    known = {f.name for f in fields(NgramParams)}
+    return names + [k.replace("_", "-") for k in cfg.ngram if k in known]
 
 
 def apply_tuned(target_path: os.PathLike[str] | str, draft_path: os.PathLike[str] | str | None,
@@ -67,6 +85,11 @@ def apply_tuned(target_path: os.PathLike[str] | str, draft_path: os.PathLike[str
         return None
     if n_seq > 1 and loads_mtp_layers(types):
         return None
+    if draft_given and draft_path is not None and not needs_draft_model(types):
+        # the user named this draft: it is used, and the stored draft-free settings are not
+        info = {**_info(cfg), "applied": [], "overridden": _stored_settings(cfg),
+                "reason": f"--draft given, and the stored {cfg.spec_type} runs without a draft model"}
+        return Applied(list(spec_types), draft_max, draft_p_min, ngram, uses_draft=True, info=info)
     overridden: list[str] = []
     new_max = draft_max
     if cfg.draft_max is not None:
@@ -89,10 +112,15 @@ def apply_tuned(target_path: os.PathLike[str] | str, draft_path: os.PathLike[str
             overridden.append(name.replace("_", "-"))
         else:
             tuned_ngram[name] = int(value)
-    info = {**{k: v for k, v in cfg.to_dict().items() if k != "measured"}, "settings": cfg.settings_text(),
-            "overridden": overridden, "store": str(store_path())}
+    applied = [name for name in _stored_settings(cfg) if name not in overridden]
+    info = {**_info(cfg), "applied": applied, "overridden": overridden}
     return Applied(types, new_max, new_p_min, replace(ngram, **tuned_ngram),
                    uses_draft=needs_draft_model(types), info=info)
+
+
+def _info(cfg: TunedConfig) -> dict[str, Any]:
+    return {**{k: v for k, v in cfg.to_dict().items() if k != "measured"}, "settings": cfg.settings_text(),
+            "store": str(store_path())}
 
 
 def _find(target_path, draft_path, n_gpu_layers: int | None) -> TunedConfig | None:

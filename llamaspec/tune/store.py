@@ -125,14 +125,14 @@ def read_entries(path: Path | None = None) -> list[Entry]:
     """Every entry of the store; [] when there is none, or (with one warning) when it is unreadable."""
     path = path or store_path()
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()   # decoded below: bytes that are not UTF-8 are a corrupt store too
     except FileNotFoundError:
         return []
     except OSError as e:
         log.warning("cannot read the tuned-config store %s (%s); ignoring it", path, e.strerror or e)
         return []
     try:
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8"))
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), list):
             raise ValueError("not a llamaspec tune store")
         if data.get("version") != VERSION:
@@ -146,7 +146,7 @@ def read_entries(path: Path | None = None) -> list[Entry]:
 
 def _is_corrupt(path: Path) -> bool:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_bytes().decode("utf-8"))   # UnicodeDecodeError is a ValueError
         return not (isinstance(data, dict) and data.get("format") == FORMAT and data.get("version") == VERSION)
     except FileNotFoundError:
         return False
