@@ -24,9 +24,11 @@ ALLOWED = {
     # measurement sits above the engine; tune sweeps with bench's runner
     "bench": {"errors", "gguf", "runtime", "speculative"},
     "tune": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "bench"},
-    "cli": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "api", "batch", "bench", "tune"},
+    "cli": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "api", "batch", "bench", "tune", "serve"},
     "api": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "tune"},
     "testing": {"errors", "gguf", "hub", "runtime"},
+    # the HTTP server: above the Python API (Generator, openai_format), below the CLI
+    "serve": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "tune", "api"},
 }
 # the engine and everything below it never reach up into measurement or tuning
 BELOW_BENCH = {"gguf", "hub", "pairing", "runtime", "speculative"}

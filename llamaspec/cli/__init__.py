@@ -16,6 +16,7 @@ from llamaspec.cli import batch, bench, doctor, inspect, run  # noqa: E402,F401
 from llamaspec.cli import pair  # noqa: E402,F401
 from llamaspec.cli import models  # noqa: E402,F401
 from llamaspec.cli import tune  # noqa: E402,F401
+from llamaspec.cli import serve  # noqa: E402,F401
 
 
 def _debug_wanted(argv: list[str]) -> bool:

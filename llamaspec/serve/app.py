@@ -1,0 +1,189 @@
+"""The HTTP routes (FastAPI): OpenAI's /v1/chat/completions, /v1/completions and /v1/models,
+plus /health and /metrics. Handlers never touch the model: they hand a `Job` to the engine thread
+(scheduler.py) and read its events from an asyncio queue (`emit` posts into it thread-safely).
+Every error is OpenAI's JSON shape, {"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llamaspec import openai_format as fmt
+from llamaspec.generator import Request as GenRequest
+from llamaspec.serve.scheduler import Job, Scheduler
+
+MAX_BODY = 8 * 1024 * 1024   # bytes of one request body
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+
+
+def _error_response(e: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    return JSONResponse(fmt.error_body(e.message, status=e.status, param=e.param, code=e.code, type=e.type),
+                        status_code=e.status, headers=headers)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON, refused past `limit` bytes (413) before more of it is read."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"the request body is {int(length):,} bytes, over the limit of {limit:,}",
+                       code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the request body is over the limit of {limit:,} bytes", code="request_too_large")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks), parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+
+
+def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
+               max_body: int = MAX_BODY) -> FastAPI:
+    app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None, openapi_url=None)
+    created = fmt.now()
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError) -> JSONResponse:
+        return _error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        return _error_response(ApiError(e.status_code, str(e.detail), code=None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
+        return _error_response(ApiError(400, str(e)))
+
+    def authorized(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise ApiError(401, "invalid or missing API key: send the header Authorization: Bearer KEY",
+                           code="invalid_api_key")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if sched.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok", "slots_processing": sched.processing,
+                             "requests_deferred": sched.deferred})
+
+    api = APIRouter(dependencies=[Depends(authorized)])
+
+    @api.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse(fmt.model_list([model_name], created))
+
+    @api.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(sched.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @api.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await _generate(request, fmt.CHAT)
+
+    @api.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(request, fmt.COMPLETION)
+
+    async def _generate(request: Request, kind: str) -> Response:
+        if sched.draining:
+            raise ApiError(503, "the server is shutting down", type="server_error")
+        body = await read_json(request, max_body)
+        try:
+            parsed = (fmt.parse_chat if kind == fmt.CHAT else fmt.parse_completion)(body)
+        except fmt.RequestError as e:
+            raise ApiError(400, e.message, e.param, e.code) from None
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        rid = fmt.new_id(kind)
+        job = Job(rid, GenRequest(**parsed.fields), lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+                  stream=parsed.stream, field_prompt="messages" if kind == fmt.CHAT else "prompt")
+        if not sched.submit(job):
+            raise ApiError(503, "the server is shutting down" if sched.draining else "too many requests queued",
+                           type="server_error")
+        ev = await _next_event(request, job, events)   # accepted, or refused (a bad value, too long)
+        if ev[0] == "error":
+            raise ApiError(*ev[1:])
+        ids = dict(id=rid, model=model_name, created=fmt.now())
+        if parsed.stream:
+            return EventSourceResponse(_sse(job, events, parsed, ids), sep="\n", ping=15)
+        while ev[0] != "done":
+            ev = await _next_event(request, job, events)
+            if ev[0] == "error":
+                raise ApiError(*ev[1:])
+        _, result, cache_n = ev
+        build = fmt.chat_completion if kind == fmt.CHAT else fmt.text_completion
+        return JSONResponse(build(result, **ids, timings=fmt.timings(result, cache_n)))
+
+    async def _next_event(request: Request, job: Job, events: asyncio.Queue) -> tuple:
+        """The job's next event; a client that disconnects meanwhile frees its slot."""
+        getter = asyncio.ensure_future(events.get())
+        try:
+            while True:
+                done, _ = await asyncio.wait({getter}, timeout=1.0)
+                if done:
+                    return getter.result()
+                if await request.is_disconnected():
+                    sched.cancel(job)
+                    raise ApiError(499, "the client closed the request")
+        except BaseException:
+            getter.cancel()
+            sched.cancel(job)
+            raise
+
+    async def _sse(job: Job, events: asyncio.Queue, parsed: fmt.Parsed, ids: dict):
+        chat, usage = parsed.kind == fmt.CHAT, parsed.include_usage
+        chunk = fmt.chat_chunk if chat else fmt.completion_chunk
+        finished = False
+        try:
+            if chat:
+                yield {"data": json.dumps(fmt.chat_chunk(**ids, role=True, include_usage=usage))}
+            while True:
+                ev = await events.get()
+                if ev[0] == "text":
+                    piece = {"content": ev[1]} if chat else {"text": ev[1]}
+                    yield {"data": json.dumps(chunk(**ids, **piece, include_usage=usage))}
+                elif ev[0] == "done":
+                    _, result, cache_n = ev
+                    yield {"data": json.dumps(chunk(**ids, finish_reason=result.finish_reason, include_usage=usage,
+                                                    timings=fmt.timings(result, cache_n)))}
+                    if usage:
+                        yield {"data": json.dumps(chunk(**ids, usage=fmt.result_usage(result)))}
+                    finished = True
+                    yield {"data": "[DONE]"}
+                    return
+                elif ev[0] == "error":
+                    finished = True
+                    status, message, param, code = ev[1:]
+                    yield {"data": json.dumps(fmt.error_body(message, status=status, param=param, code=code))}
+                    return
+        finally:
+            if not finished:   # the client went away mid-stream: stop its sequence now
+                sched.cancel(job)
+
+    app.include_router(api)
+    return app

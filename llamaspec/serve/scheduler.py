@@ -1,0 +1,247 @@
+"""The engine thread: the only thread that touches the Generator (llama.cpp contexts are not
+thread-safe). HTTP handlers hand it `Job`s through a queue and get events back through each job's
+`emit` (which posts into the handler's asyncio queue):
+
+    ("accepted", n_prompt)           the request is valid and waits for a slot
+    ("text", piece)                  streamed text (streaming jobs only)
+    ("done", Result, cache_n)        finished; cache_n prompt tokens came from the slot's KV cache
+    ("error", status, message, param, code)
+
+Up to `parallel` slots (llama.cpp sequence ids) are decoded together, the verify rows of all of
+them in one llama_decode per step, each with its own drafter state: the engine's own pieces, as
+`SpecEngine.generate_many` drives them (`SequenceRun` start / `engine._step` / finish). Unlike
+generate_many, a sequence can be started, stopped or dropped between any two steps, and a request
+goes to the free slot whose KV cache shares the longest token prefix with its prompt, so a
+returning conversation reuses what the slot already evaluated (`engine._cached`).
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from llamaspec.errors import LlamaspecError, UsageError
+from llamaspec.openai_format import param_of
+
+if TYPE_CHECKING:
+    from llamaspec.generator import Generator, Request
+    from llamaspec.speculative.sequence import SequenceRun
+
+MAX_PENDING = 1024   # requests waiting for a slot; beyond it: 503 (the client may retry)
+_WAKE = object()
+_STOP = object()
+
+
+@dataclass(eq=False)
+class Job:
+    id: str
+    request: "Request"
+    emit: Callable[[tuple], None]      # thread-safe: called from the engine thread
+    stream: bool = False
+    field_prompt: str = "messages"     # the request field holding the prompt (for errors)
+    cancelled: bool = False            # set by the handler (client gone); read by the engine thread
+    tokens: list[int] = field(default_factory=list)
+    config: Any = None
+    cache_n: int = 0                   # prompt tokens its slot's KV cache already held
+
+
+class Scheduler:
+    """Owns `generator` from `start()` until `stop()` returns; see the module docstring."""
+
+    def __init__(self, generator: "Generator", parallel: int):
+        from llamaspec.serve.metrics import Metrics
+
+        self.gen, self.parallel = generator, parallel
+        self.metrics = Metrics(lambda: {"requests_processing": self.processing, "requests_deferred": self.deferred})
+        self.engine = generator.pipeline.engine
+        self._inbox: queue.Queue = queue.Queue()
+        self._pending: deque[Job] = deque()
+        self._active: dict[int, tuple[Job, "SequenceRun"]] = {}
+        self._last_used = {slot: 0 for slot in range(parallel)}
+        self._uses = 0
+        self._inflight = 0
+        self._idle = threading.Condition()
+        self.draining = False
+        self._thread = threading.Thread(target=self._run, name="llamaspec-engine", daemon=True)
+
+    # -- called from the HTTP side (any thread) -------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> bool:
+        """Queue a job; False when the server is draining or the queue is full (answer 503)."""
+        with self._idle:
+            if self.draining or self._inflight >= MAX_PENDING + self.parallel:
+                return False
+            self._inflight += 1
+        self._inbox.put(job)
+        return True
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: stop its sequence at the next step and free the slot."""
+        job.cancelled = True
+        self._inbox.put(_WAKE)
+
+    def drain(self) -> None:
+        """Refuse new requests from now on (in-flight ones go on)."""
+        with self._idle:
+            self.draining = True
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._inflight == 0, timeout)
+
+    def stop(self) -> None:
+        """End the engine thread: sequences still running end now (their clients get what was
+        generated), queued requests get 503. The Generator is the caller's again afterwards."""
+        self._inbox.put(_STOP)
+        self._thread.join()
+
+    @property
+    def processing(self) -> int:
+        return len(self._active)
+
+    @property
+    def deferred(self) -> int:
+        return len(self._pending)
+
+    # -- the engine thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            stopping = self._read_inbox(block=not self._active and not self._pending)
+            if stopping:
+                break
+            self._admit()
+            self._reap()
+            if self._active:
+                self._step()
+                self._reap()
+        for job, seq in list(self._active.values()):
+            seq.stop("interrupted")
+        self._reap()
+        while self._pending:
+            self._fail(self._pending.popleft(), 503, "the server is shutting down")
+
+    def _read_inbox(self, block: bool) -> bool:
+        """Take what the handlers sent; True when told to stop."""
+        while True:
+            try:
+                msg = self._inbox.get(timeout=1.0) if block else self._inbox.get_nowait()
+            except queue.Empty:
+                return False
+            block = False
+            if msg is _STOP:
+                return True
+            if isinstance(msg, Job):
+                self._prepare(msg)
+
+    def _prepare(self, job: Job) -> None:
+        """Tokenize and validate in the engine thread (the tokenizer is the model's): a bad request
+        is answered at once, a good one waits for a slot."""
+        if job.cancelled:
+            return self._finished(job)
+        try:
+            job.config = self.gen._config(job.request)
+            job.tokens = self.gen.tokenize(job.request.prompt, job.request.chat)
+        except UsageError as e:
+            return self._fail(job, 400, e.message, param_of(e))
+        except LlamaspecError as e:   # a chat template that refuses these messages
+            return self._fail(job, 400, e.message, job.field_prompt)
+        n_ctx = self.gen.n_ctx
+        if len(job.tokens) > n_ctx:
+            return self._fail(job, 400, f"the prompt is {len(job.tokens)} tokens, longer than the context of "
+                                        f"{n_ctx} tokens per slot", job.field_prompt, "context_length_exceeded")
+        job.emit(("accepted", len(job.tokens)))
+        self._pending.append(job)
+
+    def _admit(self) -> None:
+        from llamaspec.speculative.sequence import SequenceRun
+
+        while self._pending and len(self._active) < self.parallel:
+            job = self._pending.popleft()
+            if job.cancelled:
+                self._finished(job)
+                continue
+            slot, job.cache_n = self._pick_slot(job.tokens)
+            on_text = (lambda piece, from_draft, source, j=job: j.emit(("text", piece))) if job.stream else None
+            seq = SequenceRun(self.engine, slot, job.tokens, job.config, on_text)
+            try:
+                seq.start()
+            except LlamaspecError as e:   # cannot run (the context): this request fails, the rest go on
+                seq.abandon()
+                self._fail(job, 400, e.message, job.field_prompt, "context_length_exceeded")
+                continue
+            except Exception as e:  # noqa: BLE001 - a bug must not take the server down
+                seq.abandon()
+                self._crash(job, e)
+                continue
+            self._active[slot] = (job, seq)
+
+    def _pick_slot(self, tokens: list[int]) -> tuple[int, int]:
+        """The free slot whose KV cache shares the longest prefix with `tokens` (ties: the least
+        recently used), and how many tokens it will reuse (as SequenceRun.start counts them: the
+        last prompt token is always evaluated, for its logits)."""
+        best = None
+        for slot in range(self.parallel):
+            if slot in self._active:
+                continue
+            cached = self.engine._cached.get(slot, [])
+            limit, n = min(len(cached), len(tokens) - 1), 0
+            while n < limit and cached[n] == tokens[n]:
+                n += 1
+            key = (n, -self._last_used[slot])
+            if best is None or key > best[0]:
+                best = (key, slot, n)
+        return best[1], best[2]
+
+    def _step(self) -> None:
+        seqs = [seq for _, seq in self._active.values()]
+        try:
+            self.engine._step(seqs)
+        except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the next ones
+            for slot, (job, seq) in list(self._active.items()):
+                seq.abandon()
+                del self._active[slot]
+                if isinstance(e, LlamaspecError):
+                    self._fail(job, 500, e.message)
+                else:
+                    self._crash(job, e)
+
+    def _reap(self) -> None:
+        """Finish the sequences that are done, or whose client has gone (the slot is free again;
+        its KV cache stays for the next prompt's prefix)."""
+        for slot, (job, seq) in list(self._active.items()):
+            if job.cancelled and not seq.done:
+                seq.stop("interrupted")
+                self.metrics.cancelled()
+            if not seq.done:
+                continue
+            del self._active[slot]
+            self._uses += 1
+            self._last_used[slot] = self._uses
+            result = self.gen._result(job.id, seq.finish())
+            self.metrics.finished(result, job.cache_n)
+            if not job.cancelled:
+                job.emit(("done", result, job.cache_n))
+            self._finished(job)
+
+    def _fail(self, job: Job, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        job.emit(("error", status, message, param, code))
+        self._finished(job)
+
+    def _crash(self, job: Job, exc: BaseException) -> None:
+        traceback.print_exception(exc, file=sys.stderr)
+        self._fail(job, 500, f"internal error: {type(exc).__name__}: {exc}")
+
+    def _finished(self, job: Job) -> None:
+        with self._idle:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.notify_all()
