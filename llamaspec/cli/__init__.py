@@ -17,6 +17,7 @@ from llamaspec.cli import pair  # noqa: E402,F401
 from llamaspec.cli import models  # noqa: E402,F401
 from llamaspec.cli import tune  # noqa: E402,F401
 from llamaspec.cli import serve  # noqa: E402,F401
+from llamaspec.cli import chat  # noqa: E402,F401
 
 
 def _debug_wanted(argv: list[str]) -> bool:

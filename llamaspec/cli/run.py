@@ -50,7 +50,12 @@ def run(
     ngram: NgramParams,
     out: Output,
 ) -> None:
-    """Generate text with speculative decoding: token for token what the target alone would write."""
+    """Generate text with speculative decoding: token for token what the target alone would write.
+    With no prompt at a terminal: a chat, as `llamaspec chat`."""
+    if prompt is None and file is None and sys.stdin.isatty() and gen.chat is not False:
+        from llamaspec.cli.chat import open_chat   # (ollama run MODEL does the same)
+
+        return open_chat(model, replace(gen, ngram=ngram), out, color)
     text = read_prompt(prompt, file)
 
     from llamaspec.cli._report import render_stats
