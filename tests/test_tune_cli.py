@@ -49,20 +49,28 @@ def _run(run_cli, *args):
 
 def test_tune_stores_a_config_and_the_next_run_uses_it(run_cli, pair, one_prompt, config_dir):
     t, d = pair
-    r = run_cli("tune", t, "--draft", d, "--prompts", one_prompt, "--quick", "--reps", "1", "--json", *FAST)
+    # tiny models time in microseconds: passes far apart are normal here, and not what this checks
+    r = run_cli("tune", t, "--draft", d, "--prompts", one_prompt, "--quick", "--max-spread", "1000", "--json",
+                *FAST)
     assert r.exit_code == 0, r.stderr
     info = r.json()
     assert {"config", "sweep", "stored", "store", "prompts", "n", "threads"} <= set(info)
     assert info["stored"] is True and info["prompts"] == ["sea"] and info["n"] == 6
     rounds = info["sweep"]["rounds"]
     assert [x["name"] for x in rounds][0] == "coarse" and rounds[0]["candidates"]
-    specs = {c["spec_type"] for c in rounds[0]["candidates"]}
-    assert {"draft-simple", "ngram-mod", "ngram-mod,draft-simple"} <= specs
-    for c in rounds[0]["candidates"]:   # every measured run was checked against plain decoding
-        assert c["rejected"] is None or c["rejected"].startswith(("cannot run", "greedy tokens differ"))
+    assert {"draft-simple", "ngram-mod"} <= {c["spec_type"] for c in rounds[0]["candidates"]}
+    assert [x["name"] for x in rounds][-1] == "confirm" and "fine" not in [x["name"] for x in rounds]
+    specs = {c["spec_type"] for x in rounds for c in x["candidates"]}
+    chains = {s for s in specs if "," in s}   # the best n-gram types (if any drafted) with the draft
+    assert all(s.endswith(",draft-simple") for s in chains) and len(chains) <= 2
+    for x in rounds:   # every measured run was checked against plain decoding
+        for c in x["candidates"]:
+            assert c["rejected"] is None or c["rejected"].startswith(("cannot run", "greedy tokens differ"))
+    assert all(len(c["ratios"]) == 1 for c in rounds[-1]["candidates"]) or info["sweep"]["unstable"] is None
     cfg = info["config"]
     assert cfg["spec_type"] in specs | {"none"} and cfg["created"]
     assert "coarse round" in r.stderr   # progress on stderr, the JSON object alone on stdout
+    assert "ETA " in r.stderr
 
     shown = run_cli("tune", "--show", "--json")
     assert shown.exit_code == 0 and len(shown.json()["entries"]) == 1
@@ -177,6 +185,7 @@ def test_show_and_forget(run_cli, pair, tmp_path):
     ((), "no model to tune"),
     (("X", "--draft", "auto"), "draft path or Hub ref"),
     (("X", "--margin", "-1"), "--margin"),
+    (("X", "--max-spread", "1"), "--max-spread"),
 ])
 def test_usage_errors(run_cli, args, needle):
     r = run_cli("tune", *args)
@@ -195,3 +204,21 @@ def test_bench_measures_the_stored_config_beside_its_modes(run_cli, pair):
     assert "tuned (ngram-simple)" in labels and "draft-simple" in labels
     r = run_cli("bench", t, "--spec-type", "ngram-mod", "-p", "one two", "--reps", "1", "--json", *FAST)
     assert [m["mode"] for m in r.json()["results"] if m["mode"] != "plain"] == ["ngram-mod"]
+
+
+def test_passes_that_disagree_store_nothing_and_say_so_in_one_line(run_cli, pair, one_prompt, config_dir):
+    """--max-spread just above 1: any two passes of a finalist that reached 1.0x disagree, so tune
+    measures again, then stores nothing. (Whether one reaches 1.0x at all is timing: when none does,
+    plain decoding is stored as usual.)"""
+    t, d = pair
+    r = run_cli("tune", t, "--draft", d, "--prompts", one_prompt, "--quick", "--margin", "0",
+                "--max-spread", "1.0000001", "--json", *FAST)
+    info = r.json()
+    if info["unstable"] is None:
+        assert r.exit_code == 0 and info["config"]["spec_type"] == "none"
+        return
+    assert r.exit_code == 1 and info["stored"] is False and not (config_dir / "tune.json").exists()
+    again = [ln for ln in r.stderr.splitlines() if "measuring the finalists again" in ln]
+    final = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: not stored:")]
+    assert len(again) == 2 and len(final) == 1 and "apart" in final[0] and "Traceback" not in r.stderr
+    assert len(info["sweep"]["rounds"][-1]["candidates"][0]["ratios"]) == 3   # one pass, measured again twice

@@ -39,11 +39,15 @@ def tune(
         "-n", "--n-predict", help="Tokens per run.", callback=at_least("-n", 1))] = 128,
     quick: Annotated[bool, typer.Option(
         "--quick", help="Spec types at their defaults only (no fine round), one confirming pass.")] = False,
-    reps: Annotated[int, typer.Option(
-        "--reps", help="Confirming passes over the prompts for the finalists.", callback=at_least("--reps", 1))] = 2,
+    reps: Annotated[Optional[int], typer.Option(
+        "--reps", help="Confirming passes over the prompts for the finalists (default 2; 1 with --quick).",
+        callback=at_least("--reps", 1), show_default=False)] = None,
     margin: Annotated[float, typer.Option(
         "--margin", help="How much faster than plain decoding a configuration must be to be chosen (0.05 = 5%).",
         callback=in_range("--margin", 0, 10))] = 0.05,
+    max_spread: Annotated[float, typer.Option(
+        "--max-spread", help="How far apart (a factor) a finalist's passes may be: further, they are measured "
+        "again, and still apart, nothing is stored.", callback=in_range("--max-spread", 1, 1000, open_low=True))] = 1.5,
     save: Annotated[bool, typer.Option("--save/--no-save", help="Store the result (default) or only show it.")] = True,
     show: Annotated[bool, typer.Option("--show", help="List the stored configurations.")] = False,
     forget: Annotated[bool, typer.Option(
@@ -75,16 +79,17 @@ def tune(
         raise UsageError(f"tune takes a draft path or Hub ref, not --draft {draft}",
                          "leave --draft out to tune the target alone (n-gram types, MTP heads)")
     check_draft_exists(draft)
-    _sweep(out, model, draft, prompts=prompts, n=n_predict, quick=quick, reps=reps, margin=margin, save=save,
+    _sweep(out, model, draft, prompts=prompts, n=n_predict, quick=quick, reps=reps, margin=margin,
+           max_spread=max_spread, save=save,
            threads=threads, ctx=ctx_size, chat=chat, offline=offline, force_draft=force_draft, amx=amx)
 
 
 # ---- the sweep ------------------------------------------------------------------------------------
 
 
-def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, n: int, quick: bool, reps: int,
-           margin: float, save: bool, threads: int | None, ctx: int, chat: bool | None, offline: bool,
-           force_draft: bool, amx: bool | None) -> None:
+def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, n: int, quick: bool,
+           reps: int | None, margin: float, max_spread: float, save: bool, threads: int | None, ctx: int,
+           chat: bool | None, offline: bool, force_draft: bool, amx: bool | None) -> None:
     from llamaspec import hub
     from llamaspec.runtime.llama import set_llama_log
     from llamaspec.bench.prompts import read_prompts
@@ -107,27 +112,35 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
     from llamaspec.runtime.memory import check_load
 
     check_load(Path(target_path), Path(draft_path) if draft_path else None, n_ctx=ctx, default_ctx=4096)
-    plan = Plan(quick=quick, reps=reps, margin=margin)
+    plan = Plan(quick=quick, reps=reps, margin=margin, spread=max_spread)
     out.info(f"tuning {escape(Path(target_path).name)}" + (f" + draft {escape(Path(draft_path).name)}" if draft_path else "")
              + f": {'quick, ' if quick else ''}{n} tokens per run, greedy, plain decoding interleaved")
     with _Progress(out) as progress:
         result, cal, used = tune_pair(Path(target_path), Path(draft_path) if draft_path else None,
                                       prompts_file=prompts, chat=chat, n=n, threads=threads, ctx=ctx, amx=amx,
-                                      plan=plan, on_run=progress.run, on_round=progress.round)
-    used["quick"] = quick
+                                      plan=plan, on_run=progress.run, on_round=progress.round,
+                                      on_unsteady=progress.unsteady)
+    used["quick"], reps = quick, plan.passes
     if result.best is not None:   # what came closest, also when plain decoding was chosen
         used["best"], used["best_ratio"] = result.best.candidate.label, result.best.score
     config = result.config(measured=used)
     entry_path = None
+    if result.unstable:   # a decision on numbers that disagree would be a guess: keep the store as it is
+        save = False
     if save:
         with _store_write():
             store.save(target_path, draft_path, config)
         entry_path = str(store.store_path())
     info = {"model": model, "model_path": str(target_path), "draft": draft,
             "draft_path": str(draft_path) if draft_path else None, **used, "reps": reps,
-            "config": config.to_dict(), "stored": save, "store": entry_path, "sweep": result.to_dict()}
+            "config": config.to_dict(), "stored": save, "store": entry_path, "unstable": result.unstable,
+            "sweep": result.to_dict()}
     out.data(info, human=lambda console: _render(console, result, config, entry_path),
              quiet=config.settings_text())
+    if result.unstable:
+        out.warn(escape(f"not stored: {result.unstable}, even measured again; the machine is too busy to "
+                        f"tell: tune again when it is quieter, or with a larger -n"))
+        raise typer.Exit(1)
 
 
 @contextmanager
@@ -145,18 +158,24 @@ def _store_write():
 
 
 class _Progress:
-    """A Rich bar per round at a terminal; else one stderr line per measured candidate run."""
+    """A Rich bar at a terminal; else one stderr line per measured candidate run. Both say how
+    long the rest should take: the runs left (this round's, and an estimate of the rounds after
+    it) at the mean time of the runs so far."""
 
     def __init__(self, out: Output):
         self.out, self.bar, self.task = out, None, None
+        self.done, self.later, self.name, self.started = 0, 0, "", 0.0
 
     def __enter__(self) -> "_Progress":
+        import time
+
+        self.started = time.monotonic()
         if self.out.progress_enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=self.out.stderr,
-                                transient=False)
+                                TextColumn("{task.fields[eta]}"), TextColumn("{task.fields[last]}"),
+                                TimeElapsedColumn(), console=self.out.stderr, transient=False)
             self.bar.start()
         return self
 
@@ -164,24 +183,44 @@ class _Progress:
         if self.bar is not None:
             self.bar.stop()
 
-    def round(self, name: str, total: int) -> None:
+    def round(self, name: str, total: int, later: int = 0) -> None:
+        self.name, self.later = name, later
         if self.bar is not None:
-            self.task = self.bar.add_task(f"tune: {name}", total=total, last="")
+            self.task = self.bar.add_task(f"tune: {name}", total=total, last="", eta="")
         else:
-            self.out.info(f"{name} round: {total} runs")
+            self.out.info(f"{name} round: {total} runs" + (f" (about {later} more after it)" if later else ""))
 
-    def run(self, name: str, done: int, total: int, cand, r) -> None:
+    def unsteady(self, line: str) -> None:
+        self.out.warn(escape(line))
+
+    def eta(self, left: int) -> str:
+        import time
+
+        per_run = (time.monotonic() - self.started) / max(1, self.done)
+        return f"ETA {_duration(per_run * (left + self.later))}"
+
+    def run(self, tick) -> None:
         raise_if_interrupted()   # a run cut short by Ctrl-C/SIGTERM: stop, store nothing
+        self.done += 1
+        cand, r = tick.candidate, tick.result
         if cand is None:
             text = f"plain {r.tps:.1f} tok/s"
         else:
             text = f"{cand.label} {r.ratio:.2f}x" if r.ratio is not None else cand.label
             if r.identical is False:
                 text += f" [red]tokens differ from plain at token {r.first_difference}: rejected[/red]"
+        eta = self.eta(tick.left)
         if self.bar is not None and self.task is not None:
-            self.bar.update(self.task, completed=done, last=escape(text) if cand else "")
+            self.bar.update(self.task, completed=tick.done, total=tick.done + tick.left, eta=eta,
+                            last=escape(text) if cand else "")
         elif cand is not None:
-            self.out.info(f"{name} {done}/{total} {escape(text) if r.identical is not False else text}")
+            self.out.info(f"{self.name} {tick.done}/{tick.done + tick.left} "
+                          f"{escape(text) if r.identical is not False else text}, {eta}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
 
 
 def _wide(console):
@@ -214,7 +253,9 @@ def _render(console, result: "SweepResult", config, stored: str | None) -> None:
     for s in result.rejected:   # a type that cannot run with this pair: once, not once per chain
         if not (s.rejected.startswith("cannot run: ") and "," in s.candidate.spec):
             console.print(f"rejected: {escape(s.candidate.label)}: {escape(s.rejected)}")
-    if result.chosen is None:
+    if result.unstable:
+        pass   # said below: nothing is chosen from numbers that disagree
+    elif result.chosen is None:
         why = (f"the best, {escape(result.best.candidate.label)} at {_x(result.best.score)}, does not beat it "
                f"by the {result.margin:.0%} margin" if result.best else "no configuration had accepted drafts and "
                "tokens identical to plain")
@@ -222,8 +263,11 @@ def _render(console, result: "SweepResult", config, stored: str | None) -> None:
     else:
         console.print(f"chosen: [bold]{escape(config.settings_text())}[/bold], {_x(result.chosen.score)} vs plain "
                       f"({result.plain_tok_s or 0:.1f} tok/s plain)")
-    console.print(f"stored in {escape(stored)}; run, batch and bench use it unless flags say otherwise"
-                  if stored else "not stored (--no-save)")
+    if result.unstable:
+        console.print("not stored: the measurements disagree (the warning on stderr says how)")
+    else:
+        console.print(f"stored in {escape(stored)}; run, batch and bench use it unless flags say otherwise"
+                      if stored else "not stored (--no-save)")
 
 
 # ---- the store ------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from llamaspec.errors import UsageError
 from llamaspec.bench.prompts import SuitePrompt, format_prompt, preset_text, read_prompts
-from llamaspec.tune.sweep import Candidate, OnRun, Plan, SweepResult, run_sweep
+from llamaspec.tune.sweep import Candidate, OnRound, OnRun, OnUnsteady, Plan, SweepResult, run_sweep
 
 if TYPE_CHECKING:
     from llamaspec.runtime.llama import Model
@@ -65,7 +65,8 @@ def bench_runner(target: "Model", prompts: Sequence[Sequence[int]], settings) ->
 def tune_pair(target_path: Path, draft_path: Path | None, *, prompts_file: Path | None = None,
               chat: bool | None = None, n: int = 128, threads: int | None = None, ctx: int = 4096,
               amx: bool | None = None, plan: Plan | None = None, on_run: OnRun | None = None,
-              on_round: Callable[[str, int], None] | None = None) -> tuple[SweepResult, Calibration, dict]:
+              on_round: OnRound | None = None,
+              on_unsteady: OnUnsteady | None = None) -> tuple[SweepResult, Calibration, dict]:
     """Load the target once, calibrate, sweep. Returns the sweep, the prompts and the settings used."""
     from llamaspec.gguf.header import read_file
     from llamaspec.runtime.llama import Model, default_threads
@@ -87,7 +88,7 @@ def tune_pair(target_path: Path, draft_path: Path | None, *, prompts_file: Path 
         _warm_up(target, cal.tokens[0], replace(settings, n=min(n, 8)), draft_path is not None)
         runner = bench_runner(target, cal.tokens, settings)
         result = run_sweep(runner, len(cal.ids), has_draft=draft_path is not None, has_mtp=has_mtp, plan=plan,
-                           on_run=on_run, on_round=on_round)
+                           on_run=on_run, on_round=on_round, on_unsteady=on_unsteady)
     finally:
         target.close()
     used = {"prompts": cal.ids, "n": n, "threads": threads, "ctx": ctx, "margin": result.margin}

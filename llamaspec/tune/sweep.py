@@ -1,131 +1,54 @@
 """The tuning sweep: which speculative settings decode a pair fastest here, against plain decoding.
 
-Successive halving in three rounds, each measured side by side with plain decoding (plain runs
-before every few candidates on the same prompt, ratios over that plain run, as `bench` does):
+Successive halving, every run measured beside plain decoding (measure.py: each candidate run
+between two plain runs on its prompt, its ratio over the faster of them):
 
-1. coarse: every spec type the pair allows, and n-gram + model chains, at their defaults;
-2. fine (skipped by `quick`): around the best few, one setting at a time: draft-max halved and
+1. coarse: every spec type the pair allows, alone, at its defaults;
+2. chains: the best `chain_ngram` n-gram types chained with each model type that ran (a chain's
+   n-gram half only helps where that n-gram type drafts well alone);
+3. fine (skipped by `quick`): around the best few, one setting at a time: draft-max halved and
    doubled, p-min for drafting models, the n-gram match length halved and doubled; plus the best
    of each setting combined;
-3. confirm: the best few again, `reps` passes, scored on this round alone.
+4. confirm: the best few again, `reps` passes (quick: one), scored on this round alone; then the
+   spread check: the best one's passes in every round must agree within `spread`, else the
+   finalists are measured again (up to `retries` passes) and, still disagreeing, nothing is
+   chosen (`SweepResult.unstable` says why; the CLI stores nothing).
 
 A candidate whose greedy tokens ever differ from plain decoding is rejected for good; one that
 never had a draft token accepted cannot win (its ratio is noise). Plain decoding ("none") is
-chosen unless the best confirmed candidate beats it by `margin`. A score is the geometric mean
-over the prompts of the generation tok/s ratio. Timing comes from `runner`, so the search logic
-can be tested with made-up numbers. Nothing here imports llama_cpp.
+chosen unless the best confirmed candidate beats it by `margin`. A score is the median over
+passes of the geometric mean over the prompts of the generation tok/s ratio. Timing comes from
+`runner`, so the search logic can be tested with made-up numbers. Nothing here imports llama_cpp.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from llamaspec.errors import LlamaspecError
 from llamaspec.speculative.options import (
-    MAX_DRAFT, SPEC_TYPES, NgramParams, default_draft_max, loads_mtp_layers, needs_draft_model, order_by_priority,
+    MAX_DRAFT, SPEC_TYPES, NgramParams, loads_mtp_layers, needs_draft_model, order_by_priority,
+)
+from llamaspec.tune.measure import (  # noqa: F401 - Candidate, Score, Round, Tick are this module's API too
+    Candidate, OnRun, Round, Runner, Score, Tick, agreeing, geomean, measure, measure_pass, pair_ratio, round_size,
 )
 
 if TYPE_CHECKING:
-    from llamaspec.bench import RepResult
     from llamaspec.tune.store import TunedConfig
 
 _NGRAM_FIELDS = set(NgramParams.__dataclass_fields__)
 
 
-@dataclass(frozen=True)
-class Candidate:
-    spec: str                                   # llama.cpp names, priority-ordered comma list
-    draft_max: int | None = None                # None: the spec type's default
-    draft_p_min: float = 0.0
-    ngram: tuple[tuple[str, int], ...] = ()     # NgramParams fields changed from the defaults
-
-    @property
-    def effective_draft_max(self) -> int:
-        return self.draft_max if self.draft_max is not None else default_draft_max(self.spec)
-
-    @property
-    def label(self) -> str:
-        parts = [self.spec]
-        if self.draft_max is not None:
-            parts.append(f"k={self.draft_max}")
-        if self.draft_p_min:
-            parts.append(f"p-min={self.draft_p_min:g}")
-        parts += [f"{k.replace('_', '-')}={v}" for k, v in self.ngram]
-        return " ".join(parts)
-
-    def ngram_params(self) -> NgramParams | None:
-        if not self.ngram:
-            return None
-        p = NgramParams()
-        for k, v in self.ngram:
-            setattr(p, k, v)
-        return p
-
-    def with_(self, **kw) -> "Candidate":
-        d = {"spec": self.spec, "draft_max": self.draft_max, "draft_p_min": self.draft_p_min, "ngram": self.ngram}
-        d.update(kw)
-        d["ngram"] = tuple(sorted(dict(d["ngram"]).items()))
-        return Candidate(**d)
-
-    def to_dict(self) -> dict:
-        return {"spec_type": self.spec, "draft_max": self.effective_draft_max, "draft_p_min": self.draft_p_min,
-                "ngram": dict(self.ngram), "label": self.label}
-
-
-# Runner(candidate, prompt index) -> one greedy run; candidate None: plain decoding.
-Runner = Callable[[Candidate | None, int], "RepResult"]
-
-
-@dataclass
-class Score:
-    candidate: Candidate
-    ratios: list[list[float]] = field(default_factory=list)   # per pass, per prompt
-    accepted: int = 0
-    drafted: int = 0
-    rejected: str | None = None          # why it cannot be chosen (tokens differ from plain)
-
-    @property
-    def passes(self) -> list[float]:
-        return [_geomean(r) for r in self.ratios if r]
-
-    @property
-    def score(self) -> float | None:
-        p = self.passes
-        return statistics.median(p) if p else None
-
-    @property
-    def eligible(self) -> bool:
-        return self.rejected is None and self.accepted > 0 and self.score is not None
-
-    def to_dict(self) -> dict:
-        return {**self.candidate.to_dict(), "score": self.score, "ratios": self.ratios, "accepted": self.accepted,
-                "drafted": self.drafted, "rejected": self.rejected}
-
-
-@dataclass
-class Round:
-    name: str
-    scores: list[Score]
-    plain_tps: list[float] = field(default_factory=list)
-
-    def ranked(self) -> list[Score]:
-        return sorted((s for s in self.scores if s.eligible), key=lambda s: -(s.score or 0.0))
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "candidates": [s.to_dict() for s in self.scores]}
-
-
 @dataclass
 class SweepResult:
     rounds: list[Round]
-    chosen: Score | None          # None: plain decoding
+    chosen: Score | None          # None: plain decoding (or nothing, when unstable)
     best: Score | None            # the best confirmed candidate, chosen or not
     margin: float
     plain_tok_s: float | None
     rejected: list[Score]
+    unstable: str | None = None   # the passes disagreed even after measuring again: do not store
 
     def config(self, measured: dict | None = None) -> "TunedConfig":
         from llamaspec.tune.store import TunedConfig
@@ -139,13 +62,8 @@ class SweepResult:
     def to_dict(self) -> dict:
         return {"chosen": self.chosen.to_dict() if self.chosen else None,
                 "best": self.best.to_dict() if self.best else None, "margin": self.margin,
-                "plain_tok_s": self.plain_tok_s, "rounds": [r.to_dict() for r in self.rounds],
-                "rejected": [s.to_dict() for s in self.rejected]}
-
-
-def _geomean(xs: Sequence[float]) -> float:
-    xs = [x for x in xs if x and x > 0]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else 0.0
+                "plain_tok_s": self.plain_tok_s, "unstable": self.unstable,
+                "rounds": [r.to_dict() for r in self.rounds], "rejected": [s.to_dict() for s in self.rejected]}
 
 
 # ---- what to try ---------------------------------------------------------------------------------
@@ -166,10 +84,19 @@ def applicable_types(has_draft: bool, has_mtp: bool) -> tuple[list[str], list[st
 
 
 def coarse_candidates(has_draft: bool, has_mtp: bool) -> list[Candidate]:
-    """Every applicable type at its defaults: models, n-gram types, then each n-gram + model chain."""
+    """Every applicable type alone at its defaults: model types, then n-gram types."""
     ngram, model = applicable_types(has_draft, has_mtp)
-    chains = [",".join(order_by_priority([n, m])) for m in model for n in ngram]
-    return [Candidate(s) for s in model + ngram + chains]
+    return [Candidate(s) for s in model + ngram]
+
+
+def chain_candidates(coarse: Round, n_best: int) -> list[Candidate]:
+    """The best `n_best` n-gram types of the coarse round (eligible: tokens identical, drafts
+    accepted) chained with each model type that could run."""
+    models = [s.candidate.spec for s in coarse.scores if s.rejected is None
+              and (needs_draft_model(s.candidate.spec) or loads_mtp_layers(s.candidate.spec))]
+    ngrams = [s.candidate.spec for s in coarse.ranked()
+              if not (needs_draft_model(s.candidate.spec) or loads_mtp_layers(s.candidate.spec))][:n_best]
+    return [Candidate(",".join(order_by_priority([n, m]))) for m in models for n in ngrams]
 
 
 def _match_field(type_name: str) -> str | None:
@@ -221,10 +148,7 @@ def combine(base: Candidate, scored: Sequence[Score]) -> Candidate | None:
     return base.with_(**best)
 
 
-# ---- measuring -----------------------------------------------------------------------------------
-
-# on_run(round name, runs done, runs in the round, candidate (None: plain), its result)
-OnRun = Callable[[str, int, int, "Candidate | None", "RepResult"], None]
+# ---- the search ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -232,104 +156,116 @@ class Plan:
     """How much to measure. quick: no fine round, fewer survivors, one confirming pass."""
 
     quick: bool = False
-    reps: int = 2             # confirming passes
+    reps: int | None = None   # confirming passes; None: 1 when quick, else 2
     margin: float = 0.05      # a candidate must beat plain by this much to be chosen
     keep: int = 3             # survivors of the coarse round refined in the fine round
     finalists: int = 3        # candidates confirmed
-    chunk: int = 4            # candidates measured after each plain run
+    chain_ngram: int = 2      # n-gram types chained with the model types
+    spread: float = 1.5       # the best candidate's passes must agree within this factor...
+    retries: int = 2          # ...else the finalists are measured again, at most this many times
+
+    @property
+    def passes(self) -> int:
+        return max(1, self.reps if self.reps is not None else 1 if self.quick else 2)
 
 
-def round_size(n_cands: int, n_prompts: int, passes: int, chunk: int) -> int:
-    """Runs one round makes: every candidate plus a plain run per chunk, per prompt and pass."""
-    return passes * n_prompts * (n_cands + math.ceil(n_cands / chunk))
+# on_round(name, runs planned in it, runs estimated for the rounds after it)
+OnRound = Callable[[str, int, int], None]
+# on_unsteady(one line): the best candidate's passes disagree, and what happens now
+OnUnsteady = Callable[[str], None]
 
 
-def measure(name: str, cands: Sequence[Candidate], runner: Runner, n_prompts: int, passes: int, chunk: int,
-            rejected: dict[Candidate, str], on_run: OnRun | None = None) -> Round:
-    """`passes` passes over the prompts: plain, then `chunk` candidates, ratios over that plain run."""
-    cands = [c for c in dict.fromkeys(cands) if c not in rejected]
-    rnd = Round(name, [Score(c) for c in cands])
-    total, done = round_size(len(cands), n_prompts, passes, chunk), 0
-    for _ in range(passes):
-        for s in rnd.scores:
-            s.ratios.append([])
-        for i in range(n_prompts):
-            for j in range(0, len(rnd.scores), chunk):
-                plain = runner(None, i)
-                rnd.plain_tps.append(plain.tps)
-                done += 1
-                if on_run:
-                    on_run(name, done, total, None, plain)
-                for s in rnd.scores[j:j + chunk]:
-                    done += 1
-                    if s.rejected is not None:   # cannot run with this pair (or differed): no more runs
-                        continue
-                    try:
-                        r = runner(s.candidate, i).compare_to(plain)
-                    except LlamaspecError as e:  # e.g. draft-eagle3 with a draft that is not an EAGLE-3 head
-                        _unusable(rnd, s, e.message, rejected)
-                        continue
-                    s.accepted += r.accepted
-                    s.drafted += r.drafted
-                    if r.identical is False and s.rejected is None:
-                        s.rejected = (f"greedy tokens differ from plain decoding on prompt {i + 1} "
-                                      f"from token {r.first_difference}")
-                        rejected[s.candidate] = s.rejected
-                    s.ratios[-1].append(r.ratio or 0.0)
-                    if on_run:
-                        on_run(name, done, total, s.candidate, r)
-    return rnd
+def _x(v: float) -> str:
+    return f"{v:.2f}x"
 
 
-def _unusable(rnd: Round, s: Score, message: str, rejected: dict[Candidate, str]) -> None:
-    """A candidate that cannot run; when it is one type alone, every chain with that type too."""
-    s.rejected = f"cannot run: {message}"
-    rejected[s.candidate] = s.rejected
-    if "," in s.candidate.spec:
-        return
-    for other in rnd.scores:
-        if other.rejected is None and s.candidate.spec in other.candidate.spec.split(","):
-            other.rejected = f"cannot run: {s.candidate.spec}: {message}"
-            rejected[other.candidate] = other.rejected
+def evidence(rounds: Sequence[Round], cand: Candidate) -> list[float]:
+    """Every pass of `cand` in every round (its coarse pass included: a second opinion)."""
+    return [v for r in rounds for s in r.scores if s.candidate == cand for v in s.passes]
 
 
 def run_sweep(runner: Runner, n_prompts: int, has_draft: bool, has_mtp: bool, plan: Plan | None = None,
-              on_run: OnRun | None = None, on_round: Callable[[str, int], None] | None = None) -> SweepResult:
-    """The three rounds (see the module docstring); on_round(name, runs planned) before each."""
+              on_run: OnRun | None = None, on_round: OnRound | None = None,
+              on_unsteady: OnUnsteady | None = None) -> SweepResult:
+    """The rounds of the module docstring; on_round before each, on_run after every run."""
     plan = plan or Plan()
     rejected: dict[Candidate, str] = {}
     rounds: list[Round] = []
     keep, finalists = (min(plan.keep, 2), min(plan.finalists, 2)) if plan.quick else (plan.keep, plan.finalists)
+    ngram_types, model_types = applicable_types(has_draft, has_mtp)
+    # runs still to come after each round, estimated before they are planned (for the time left)
+    confirm_runs = round_size(finalists, n_prompts, plan.passes)
+    fine_runs = 0 if plan.quick else round_size(keep * 6, n_prompts, 1)
+    chain_runs = round_size(len(model_types) * min(plan.chain_ngram, len(ngram_types)), n_prompts, 1)
+    estimate = {"coarse": chain_runs + fine_runs + confirm_runs, "chains": fine_runs + confirm_runs,
+                "fine": confirm_runs}
 
     def do(name: str, cands: Sequence[Candidate], passes: int) -> Round:
         cands = [c for c in dict.fromkeys(cands) if c not in rejected]
         if on_round:
-            on_round(name, round_size(len(cands), n_prompts, passes, plan.chunk))
-        rnd = measure(name, cands, runner, n_prompts, passes, plan.chunk, rejected, on_run)
+            on_round(name, round_size(len(cands), n_prompts, passes), estimate.get(name, 0))
+        rnd = measure(name, cands, runner, n_prompts, passes, rejected, on_run)
         rounds.append(rnd)
         return rnd
 
     coarse = do("coarse", coarse_candidates(has_draft, has_mtp), 1)
-    leaders = [s.candidate for s in coarse.ranked()[:keep]]
     pool: dict[Candidate, Score] = {s.candidate: s for s in coarse.scores}
+    chains = chain_candidates(coarse, plan.chain_ngram)
+    if chains:
+        pool.update({s.candidate: s for s in do("chains", chains, 1).scores})
+    leaders = [s.candidate for s in _ranked(pool, rejected)[:keep]]
     if leaders and not plan.quick:
         fine = do("fine", [n for c in leaders for n in neighbours(c)], 1)
         pool.update({s.candidate: s for s in fine.scores})
         extra = [combine(c, list(pool.values())) for c in leaders]
-        leaders = [s.candidate for s in sorted((s for s in pool.values() if s.eligible and s.rejected is None
-                                                and s.candidate not in rejected),
-                                               key=lambda s: -(s.score or 0.0))[:finalists]]
+        leaders = [s.candidate for s in _ranked(pool, rejected)[:finalists]]
         leaders += [c for c in extra if c is not None and c not in leaders]
     else:
         leaders = leaders[:finalists]
     best = chosen = None
+    unstable = None
     plain_tok_s = statistics.median(coarse.plain_tps) if coarse.plain_tps else None
     if leaders:
-        confirm = do("confirm", leaders, max(1, plan.reps))
+        confirm = do("confirm", leaders, plan.passes)
+        for attempt in range(plan.retries + 1):
+            doubt = _spread_check(confirm, rounds, plan)
+            ranked = confirm.ranked()
+            best = ranked[0] if ranked else None
+            if not doubt:
+                break
+            if attempt == plan.retries:
+                unstable = doubt
+                break
+            if on_unsteady:
+                on_unsteady(f"{doubt}: measuring the finalists again")
+            live = sum(1 for s in confirm.scores if s.rejected is None)
+            if on_round:
+                on_round("confirm again", round_size(live, n_prompts, 1), 0)
+            measure_pass(confirm, runner, n_prompts, rejected, on_run)
         plain_tok_s = statistics.median(confirm.plain_tps) if confirm.plain_tps else plain_tok_s
-        ranked = confirm.ranked()
-        best = ranked[0] if ranked else None
-        if best is not None and (best.score or 0.0) >= 1.0 + plan.margin:
+        if unstable is None and best is not None and (best.score or 0.0) >= 1.0 + plan.margin:
             chosen = best
     all_rejected = {s.candidate: s for r in rounds for s in r.scores if s.rejected}
-    return SweepResult(rounds, chosen, best, plan.margin, plain_tok_s, list(all_rejected.values()))
+    return SweepResult(rounds, chosen, best, plan.margin, plain_tok_s, list(all_rejected.values()), unstable)
+
+
+def _spread_check(confirm: Round, rounds: Sequence[Round], plan: Plan) -> str | None:
+    """Each finalist's passes (every round's) must agree within plan.spread, by a majority; its
+    score then counts only the passes in the agreed range. Returns why the decision cannot be
+    taken yet: a finalist whose passes disagree and reach the margin (it might be the winner)."""
+    doubt = None
+    for s in confirm.scores:
+        if s.rejected is not None:
+            continue
+        seen = evidence(rounds, s.candidate)
+        group = agreeing(seen, plan.spread)
+        s.agreed = (min(group), max(group)) if group else None
+        if group is None and seen and max(seen) >= 1.0 + plan.margin and doubt is None:
+            doubt = (f"{s.candidate.label} measured {', '.join(_x(v) for v in seen)} in {len(seen)} passes, "
+                     f"more than {plan.spread:g}x apart")
+    return doubt
+
+
+def _ranked(pool: dict[Candidate, Score], rejected: dict[Candidate, str]) -> list[Score]:
+    return sorted((s for s in pool.values() if s.eligible and s.candidate not in rejected),
+                  key=lambda s: -(s.score or 0.0))
