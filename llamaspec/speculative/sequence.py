@@ -117,6 +117,8 @@ class SequenceRun:
         limit = min(len(cached), len(prompt) - 1)  # the last prompt token is evaluated for its logits
         while keep < limit and cached[keep] == prompt[keep]:
             keep += 1
+        if eng.drafter is not None:  # a drafter fed by the target's hidden states may need some again
+            keep = max(0, min(keep, eng.drafter.reuse_prefix(self.seq_id, prompt, keep)))
         if not (keep and ctx.seq_rm(self.seq_id, keep, -1)):
             keep = 0  # nothing shared, or a recurrent memory that cannot be cut: start over
             ctx.seq_rm(self.seq_id, 0, -1)

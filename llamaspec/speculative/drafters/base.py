@@ -6,6 +6,7 @@ engine then decodes one token the plain way.
 
 Life cycle of one sequence (ids are explicit so several sequences can be decoded together)::
 
+    keep = drafter.reuse_prefix(seq_id, prompt_tokens, keep)  # before the target evaluates the prompt
     drafter.begin(seq_id, prompt_tokens, rng)
     loop:
         draft = drafter.propose(seq_id, history, n_max)   # history = prompt + generated so far
@@ -81,6 +82,16 @@ class Drafter(ABC):
     #: True when drafts carry `Draft.match`: the engine then sizes them per match length
     #: (match_controller.py)
     sizes_by_match: bool = False
+
+    def reuse_prefix(self, seq_id: int, prompt_tokens: Sequence[int], keep: int) -> int:
+        """A new prompt starts on `seq_id`, and the engine means to keep the first `keep` positions
+        of the target's KV cache (evaluated for an earlier prompt with the same tokens there) and
+        to evaluate the prompt from position `keep` on. Returns the position the drafter needs the
+        target to evaluate from (<= keep): a drafter fed by the target's hidden states sees only the
+        positions the target evaluates, so one whose own state holds fewer positions asks for less
+        reuse. The drafter must accept any start <= what it returns (the engine may start lower,
+        at 0 when the target's memory cannot be cut). Called before `begin`, for every prompt."""
+        return keep
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
               rng: np.random.Generator | None = None) -> None:

@@ -45,6 +45,10 @@ class ChainDrafter(Drafter):
         for d in self.drafters:
             d.begin(seq_id, prompt_tokens, rng)
 
+    def reuse_prefix(self, seq_id: int, prompt_tokens: Sequence[int], keep: int) -> int:
+        # every member is told (each resets its own state); the target starts where the neediest asks
+        return min([d.reuse_prefix(seq_id, prompt_tokens, keep) for d in self.drafters])
+
     def members(self) -> list[Drafter]:
         return [m for d in self.drafters for m in d.members()]
 

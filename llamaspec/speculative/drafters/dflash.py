@@ -105,6 +105,16 @@ class DFlashDrafter(Drafter):
                 self.batch.add_embd(seq_id, chunk[j], p0 + i + j, False)
             process_or_raise(self.batch, f"{self.name} injection")
 
+    def reuse_prefix(self, seq_id: int, prompt_tokens: Sequence[int], keep: int) -> int:
+        # Injected rows stay where their tokens match the new prompt; the features from there on
+        # come from the tap if it still holds them for these tokens, else from the target again.
+        s = self._seqs.setdefault(seq_id, _Seq())
+        lim = min(len(s.toks), len(prompt_tokens))
+        s.n_done = next((i for i in range(lim) if s.toks[i] != prompt_tokens[i]), lim)
+        del s.toks[s.n_done:]
+        self.ctx.seq_rm(seq_id, s.n_done, -1)
+        return keep if self.tap.reuse(seq_id, prompt_tokens, s.n_done, keep) else min(keep, s.n_done)
+
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
         n = len(history) - 1                  # position of the last token (not in the target KV)
         n_max = min(n_max, self.n_cap, self.ctx.n_ctx_seq - n - 1 - (0 if self.anchor_first else 1))

@@ -130,6 +130,19 @@ class FeatureTap:
             return None
         return f.rows[p0 - f.start:p1 - f.start]
 
+    def reuse(self, seq_id: int, prompt: Sequence[int], lo: int, hi: int) -> bool:
+        """A new prompt whose positions from `hi` on the target evaluates again: keep the rows of
+        positions lo..hi-1 if they were evaluated with `prompt`'s tokens (True), else forget the
+        sequence's rows (False: the next decode starts them anew)."""
+        f = self.seqs.get(seq_id)
+        if f is not None and f.start <= lo and hi <= f.end and f.toks[lo - f.start:hi - f.start] == list(prompt[lo:hi]):
+            cut = hi - f.start
+            f.rows = f.rows[:cut]
+            del f.toks[cut:]
+            return True
+        self.seqs.pop(seq_id, None)
+        return False
+
     def trim(self, seq_id: int, keep_from: int) -> None:
         """Forget rows before position keep_from (they are in the draft already)."""
         f = self.seqs.get(seq_id)
@@ -223,16 +236,29 @@ class Eagle3Drafter(Drafter):
             out[i:i + len(chunk)] = ext.rows(ext.get_embeddings_nextn(self.ctx.ptr), len(chunk), self.n_embd)
         return out
 
+    def _valid_rows(self, seq_id: int, history: Sequence[int]) -> _Seq:
+        """The sequence's state, its draft rows cut to those still valid for `history`."""
+        s = self._seqs.setdefault(seq_id, _Seq())
+        # Rows stay valid while the tokens they were built from still are: row P used tokens <= P+1.
+        lim = min(len(s.toks), len(history))
+        q = next((i for i in range(lim) if s.toks[i] != history[i]), lim)
+        s.n_done = max(0, min(s.n_done, q - 1))
+        return s
+
+    def reuse_prefix(self, seq_id: int, prompt_tokens: Sequence[int], keep: int) -> int:
+        # The draft needs the target's features from its first invalid row on: those the tap still
+        # holds for the prompt's tokens, or the target evaluates them again.
+        s = self._valid_rows(seq_id, prompt_tokens)
+        self.ctx.seq_rm(seq_id, s.n_done, -1)
+        return keep if self.tap.reuse(seq_id, prompt_tokens, s.n_done, keep) else min(keep, s.n_done)
+
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
         n = len(history) - 1                   # position of the last token (not in the target KV)
         n_max = min(n_max, self.ctx.n_ctx_seq - n - 1)
         if n_max <= 0 or n < 1:
             return Draft([])
-        s = self._seqs.setdefault(seq_id, _Seq())
-        # Rows stay valid while the tokens they were built from still are: row P used tokens <= P+1.
-        lim = min(len(s.toks), len(history))
-        q = next((i for i in range(lim) if s.toks[i] != history[i]), lim)
-        s.n_done = max(0, min(s.n_done, q - 1, n - 1))  # the row at n-1 is redone for its output
+        s = self._valid_rows(seq_id, history)
+        s.n_done = min(s.n_done, n - 1)  # the row at n-1 is redone for its output
         feats = self.tap.get(seq_id, s.n_done, n, history)
         if feats is None:
             return Draft([])

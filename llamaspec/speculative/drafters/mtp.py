@@ -279,6 +279,22 @@ class MtpDrafter(Drafter):
         return np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
 
     # -- Drafter interface ----------------------------------------------------------------------
+    def reuse_prefix(self, seq_id: int, prompt_tokens: Sequence[int], keep: int) -> int:
+        # A new prompt (end() keeps a sequence's state for this): MTP rows stay valid where the
+        # tokens up to theirs match (row p: token p, the target's h at p-1); the target evaluates
+        # again from the h the next row needs, and its rows refill the buffer from there.
+        s = self._seqs.setdefault(seq_id, _SeqState())
+        s.h, s.h_start, s.h_toks, s.broken = None, 0, [], False
+        if self.mem_shared:  # nothing of ours in the memory: only the last prompt position's h is read
+            return keep
+        q, lim = 0, min(s.mtp_n, len(prompt_tokens))
+        while q < lim and s.mtp_toks[q] == prompt_tokens[q]:
+            q += 1
+        self.ctx.seq_rm(seq_id, q, -1)
+        s.mtp_n = q
+        del s.mtp_toks[q:]
+        return min(keep, max(q - 1, 0))
+
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
               rng: np.random.Generator | None = None) -> None:
         # The decode listener has already seen the prompt (the engine evaluates it before begin),
@@ -385,10 +401,6 @@ class MtpDrafter(Drafter):
             self._decode(1)
         s.mtp_n = n  # only for trimming the target rows: nothing was added to the (shared) memory
         return tokens
-
-    def end(self, seq_id: int) -> None:
-        if self._seqs.pop(seq_id, None) is not None and not self.mem_shared and self.ctx.ptr:
-            self.ctx.seq_rm(seq_id, 0, -1)
 
     def close(self) -> None:
         if self.tctx is not None:
