@@ -138,4 +138,5 @@ def test_progress_lines_and_summary_without_a_terminal(run_cli, tiny_models, tmp
     assert r.exit_code == 0, r.stderr
     assert "3/3 done" in r.stderr and "tok/s" in r.stderr and "ETA" in r.stderr
     summary = r.json()
-    assert summary["done"] == summary["total"] == 3 and summary["failed"] == 0 and summary["tokens"] == 24
+    assert summary["done"] == summary["lines"] == 3 and summary["failed"] == summary["skipped"] == 0
+    assert summary["tokens"] == 24 and summary["remaining"] == 0 and summary["interrupted"] is False

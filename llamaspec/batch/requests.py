@@ -275,7 +275,10 @@ def read_input(path_or_dash: str, stdin: IO[bytes] | None = None) -> list[bytes]
     "\\n" only: JSON strings may hold U+2028 and friends, which str.splitlines would split on."""
     try:
         if path_or_dash == "-":
-            data = (stdin if stdin is not None else sys.stdin.buffer).read()
+            stream = stdin if stdin is not None else getattr(sys.stdin, "buffer", sys.stdin)
+            data = stream.read()
+            if isinstance(data, str):   # a text stream without bytes under it (an embedding program's)
+                data = data.encode("utf-8", "surrogateescape")
         elif os.path.isdir(path_or_dash):
             raise InputError(f"input is a directory: {path_or_dash}", hint="give a JSONL file")
         else:

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator
 from llamaspec.batch.requests import CHAT, LineError, Request
 from llamaspec.errors import InputError, disk_full
 
-__all__ = ["result_record", "error_record", "OutputFile", "InOrder", "openai_finish_reason"]
+__all__ = ["result_record", "error_record", "record_failed", "OutputFile", "InOrder", "openai_finish_reason"]
 
 # finish_reason values the OpenAI SDK accepts (its models refuse any other)
 OPENAI_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "function_call")
@@ -130,6 +130,12 @@ def _write_atomic(path: str, chunks: Iterable[bytes]) -> None:
     _fsync_dir(path)
 
 
+def record_failed(rec: dict) -> bool:
+    """Whether an OUTPUT record (either form) is a failure."""
+    info = _record_info(rec)
+    return info is None or info[1]
+
+
 def _record_info(rec: Any) -> tuple[str, bool] | None:
     """(id, failed) of an OUTPUT record in either form; None if it is not one."""
     if isinstance(rec, dict) and "custom_id" in rec:
@@ -162,6 +168,7 @@ class OutputFile:
         if not existed:
             _fsync_dir(self.path)
         self._checked = False
+        self.written = 0   # records appended by this object
 
     def _lines(self) -> Iterator[tuple[int, bytes, tuple[str, bool] | None]]:
         """(line number, bytes, (id, failed), or None for a line without newline or not JSON)."""
@@ -217,19 +224,26 @@ class OutputFile:
 
     def append(self, record: dict) -> None:
         """Write one JSON line and fsync it before returning: a kill at any instant leaves at
-        most one incomplete last line, which the next `done_ids()` cuts."""
+        most one incomplete last line, which the next `done_ids()` cuts. `written` counts the
+        records in the file, including one an interrupt hit after it was written whole (append
+        raises, but the record stays: the summary must count it)."""
         if not self._checked:
             self.done_ids()  # never glue a record onto a previous run's half line
         data = memoryview((json.dumps(_finite(record), ensure_ascii=False) + "\n").encode())
         end, whole = os.lseek(self._fd, 0, os.SEEK_END), len(data)
+        counted = False
         try:
             while data:
                 data = data[os.write(self._fd, data):]
+            self.written, counted = self.written + 1, True
             os.fsync(self._fd)
         except BaseException as e:  # a full disk (or Ctrl-C) mid-record: cut it, keep the file valid JSONL
             with suppress(OSError):
                 if os.fstat(self._fd).st_size != end + whole:   # (a record written whole is kept)
                     os.ftruncate(self._fd, end)
+                    self.written -= counted
+                elif not counted:
+                    self.written += 1
                 os.fsync(self._fd)
             raise disk_full(self.path, e, "free some space, then run the same command again: it resumes "
                                           "after the records written") or e

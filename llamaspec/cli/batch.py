@@ -77,13 +77,12 @@ def batch(
                 progress = _Progress(out, sum(isinstance(r, io.Request) for r in todo), len(items), len(items) - len(todo))
                 if progress.skipped:
                     out.info(f"resuming: {progress.skipped} of {len(items)} requests already in {output_path}")
-                write = io.InOrder([it.id for it in todo], records.append).put if ordered \
-                    else (lambda _key, record: records.append(record))
+                append = _counting(records, progress, io.record_failed)
+                write = io.InOrder([it.id for it in todo], append).put if ordered else (lambda _, rec: append(rec))
                 for item in todo:  # malformed lines: recorded with their line numbers, the job goes on
                     if isinstance(item, io.LineError):
                         write(item.id, io.error_record(item, item.message))
                         out.warn(f"line {item.line}: {item.message}")
-                        progress.failed += 1
                 requests = {r.id: r for r in todo if isinstance(r, io.Request)}
                 try:
                     for res in g.generate_many((_engine_request(Request, r, io.COMPLETIONS) for r in requests.values()),
@@ -93,10 +92,8 @@ def batch(
                             code = "context_length_exceeded" if "context" in res.error.message else None
                             write(req.id, io.error_record(req, res.error.message, code=code))
                             out.warn(f"line {req.line} ({req.id}): {res.error.message}")
-                            progress.failed += 1
                         else:
                             write(req.id, io.result_record(req, res.text, res.finish_reason, res.stats, str(g.resolved.target_ref)))
-                            progress.done += 1
                         progress.update(res)
                 except KeyboardInterrupt:   # (and SIGTERM): every finished record is in OUTPUT, fsynced
                     from llamaspec.cli._errors import interrupted_exit_code
@@ -110,6 +107,23 @@ def batch(
         out.data(summary)
     if progress.failed:
         raise typer.Exit(1)
+
+
+def _counting(records, progress, failed):
+    """records.append, counting what lands in OUTPUT as done or failed: a record an interrupt hit
+    after it was written whole is in the file, so it is in the summary too."""
+    def append(record: dict) -> None:
+        before = records.written
+        try:
+            records.append(record)
+        finally:
+            if records.written > before:
+                if failed(record):
+                    progress.failed += 1
+                else:
+                    progress.done += 1
+
+    return append
 
 
 def _engine_request(request_type, r, completions: str):
