@@ -221,12 +221,22 @@ def test_run_without_a_prompt_at_a_terminal_opens_the_chat(smollm2_q4):
 
 @pytest.mark.real
 def test_piped_chat_commands(smollm2_q4, run_cli):
-    r = run_cli("chat", smollm2_q4, *FLAGS, input="/help\nHi\n/stats\n/clear\n/nope\n/save\n")
+    r = run_cli("chat", smollm2_q4, *FLAGS, input="/help\nHi\n/stats\n/clear\n/nope\n/save\n/save /no/such/dir/c.json\n")
     assert r.exit_code == 0, r.stderr
     assert "/save FILE" in r.stdout and "turns 1" in r.stdout and re.search(r"generated \d+ tokens", r.stdout)
     assert FOOTER.search(r.stderr)
     assert "Cleared the conversation." in r.stderr and "Unknown command '/nope'" in r.stderr
     assert "Usage: /save FILE" in r.stderr
+    assert "cannot write /no/such/dir/c.json: No such file or directory" in r.stderr   # and the chat went on
+
+
+@pytest.mark.real
+def test_piped_chat_json_one_object_per_turn(smollm2_q4, run_cli):
+    r = run_cli("chat", smollm2_q4, *FLAGS, "--json", input="Hi\nHow are you?\n")
+    assert r.exit_code == 0, r.stderr
+    first, second = (json.loads(line) for line in r.stdout.splitlines())
+    assert first["text"] and first["n_prompt_cached"] == 0
+    assert second["n_prompt"] > first["n_prompt"] and second["n_prompt_cached"] >= first["n_prompt"]
 
 
 def test_chat_refuses_raw_and_models_without_a_template(tiny_models, run_cli):
