@@ -99,3 +99,18 @@ def test_corrupt_cache_file_is_a_one_line_error(run_cli, tiny_models, tmp_path, 
                 flag, str(bad))
     assert r.exit_code != 0 and "corrupt n-gram cache" in r.stderr and "Traceback" not in r.stderr
     assert bad.read_bytes() == b"\x01\x00\x00\x00" * 5   # a corrupt dynamic file is not overwritten
+
+
+@pytest.mark.parametrize("bad_token, needle", [(-5, "token id -5"), (10**6, "token id 1000000")])
+def test_cache_file_with_a_token_the_model_lacks_is_refused(run_cli, tiny_models, tmp_path, bad_token, needle):
+    # Every n-gram of the plain output drafts `bad_token`: it used to reach llama_decode, which
+    # failed with "raise --ctx-size".
+    plain = _run(run_cli, *_common(tiny_models), "--spec-type", "none")
+    cache = {key: {bad_token: 9} for key in _static_from(plain["tokens"])}
+    static = tmp_path / "static.bin"
+    save_ngram_cache(cache, static)
+    r = run_cli("run", *_common(tiny_models), "--spec-type", "ngram-cache", "-lcs", str(static), "-t", "1")
+    assert r.exit_code in (1, 2), r.stderr
+    assert needle in r.stderr and str(static) in r.stderr, r.stderr
+    assert "llama_decode" not in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2   # error + hint

@@ -143,7 +143,8 @@ def _ngram_cache(opts, target, ctx, sampling) -> Built:
 
     g = opts.ngram
     try:
-        return Built(NgramCacheDrafter(static_path=g.cache_static, dynamic_path=g.cache_dynamic))
+        return Built(NgramCacheDrafter(static_path=g.cache_static, dynamic_path=g.cache_dynamic,
+                                       n_vocab=target.n_vocab))
     except (OSError, ValueError) as e:   # missing, unreadable or corrupt cache file
         raise InputError(str(e), "give an n-gram cache file in llama.cpp's format, or drop "
                                  "--lookup-cache-static/--lookup-cache-dynamic") from None

@@ -182,9 +182,22 @@ def save_ngram_cache(cache: Cache, path: str | Path) -> None:
     Path(path).write_bytes(bytes(out))
 
 
-def load_ngram_cache(path: str | Path) -> Cache:
+def _check_ids(p: Path, key: tuple, part: dict, n_vocab: int | None, off: int) -> None:
+    """Token ids a model can have: drafted ids >= 0 (a negative one made llama_decode fail with a
+    misleading "raise --ctx-size"), n-gram slots >= -1 (LLAMA_TOKEN_NULL pads short n-grams), all
+    below n_vocab when it is known (a cache made for another vocabulary)."""
+    hi = n_vocab if n_vocab is not None else 2 ** 31
+    bad = [t for t in part if not 0 <= t < hi] + [t for t in key if not -1 <= t < hi]
+    if bad:
+        where = f" (the model's vocabulary is 0..{n_vocab - 1})" if n_vocab is not None else ""
+        raise ValueError(f"n-gram cache {p}: token id {bad[0]} near byte {off} is not a token{where}; "
+                         "the file is corrupt or was made for another model")
+
+
+def load_ngram_cache(path: str | Path, n_vocab: int | None = None) -> Cache:
     """`common_ngram_cache_load`: read a file written by save_ngram_cache / llama.cpp's
-    llama-lookup-create. Raises FileNotFoundError for a missing file, ValueError for a corrupt one."""
+    llama-lookup-create. Raises FileNotFoundError for a missing file, ValueError for a corrupt one
+    or one with token ids outside 0..n_vocab-1."""
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"n-gram cache file not found: {p}")
@@ -206,6 +219,7 @@ def load_ngram_cache(path: str | Path) -> Cache:
             if cnt <= 0:
                 raise ValueError(f"corrupt n-gram cache {p}: count {cnt} for token {tok}")
             part.setdefault(tok, cnt)   # unordered_map::emplace keeps the first
+        _check_ids(p, key, part, n_vocab, off)
         off += ntok * _PAIR.size
         cache.setdefault(key, part)
     return cache
@@ -238,11 +252,11 @@ class NgramCacheDrafter(Drafter):
     name = "ngram-cache"
 
     def __init__(self, static_path: str | Path | None = None, dynamic_path: str | Path | None = None,
-                 n_draft: int | None = 8, chunked_update: bool = True):
-        self.static: Cache = load_ngram_cache(static_path) if static_path else {}
+                 n_draft: int | None = 8, chunked_update: bool = True, n_vocab: int | None = None):
+        self.static: Cache = load_ngram_cache(static_path, n_vocab) if static_path else {}
         self.dynamic_path = Path(dynamic_path) if dynamic_path else None
         # A dynamic file that does not exist yet is created at close (llama.cpp's lookup example).
-        self.dynamic: Cache = (load_ngram_cache(dynamic_path)
+        self.dynamic: Cache = (load_ngram_cache(dynamic_path, n_vocab)
                                if self.dynamic_path is not None and self.dynamic_path.exists() else {})
         self.dynamic_out: Cache = {}
         merge_ngram_caches(self.dynamic_out, self.dynamic)
