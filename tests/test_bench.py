@@ -18,9 +18,9 @@ from llamaspec.bench import (PLAIN, PROMPT_PRESETS, BenchResult, BenchSettings, 
 
 MODE_KEYS = {"mode", "native", "reps", "tok_s", "ratio_vs_plain", "ratios", "e2e_ratio_vs_plain", "acceptance",
              "mean_accepted_length", "drafted", "accepted", "identical_to_plain", "first_difference",
-             "differing_reps", "overhead_ms_per_step", "n_generated"}
+             "differing_reps", "overhead_ms_per_step", "n_generated", "bound", "of_bound"}
 TOP_KEYS = {"model", "model_path", "draft", "draft_path", "prompt", "chat", "prompt_tokens", "n", "threads",
-            "ctx", "reps", "greedy", "results", "best", "all_identical", "notes"}
+            "ctx", "reps", "greedy", "results", "best", "all_identical", "notes", "bound"}
 FAST = ("--reps", "1", "-n", "16", "-t", "1")
 
 
@@ -55,6 +55,16 @@ def test_json_on_tiny_models(run_cli, tiny_models):
                                                                / t["speedup"], rel=1e-6)
     assert t["tokens_per_step"] >= 1 and t["draft_cost"] > 0 and t["best_k"] >= 1
     assert modes["draft-simple"]["per_position_acceptance"] and modes["draft-simple"]["draft"] == "draft.gguf"
+    # the machine's copy-drafting bound of plain decoding's output, and the fraction of it each mode reached
+    b = info["bound"]
+    assert b["speedup"] > 0 and b["tokens"] == 16 and b["depth"] == info["prompt_tokens"] and b["t1_ms"] > 0
+    assert list(b["curve"]) == ["1", "2", "4", "8", "16", "32", "64"] and b["curve"]["1"] == 1.0
+    assert 1 <= b["steps"] <= 16 and b["copied"] == 16 - b["steps"]
+    assert modes[PLAIN]["bound"] == b["speedup"] and modes[PLAIN]["of_bound"] is None
+    for name in ("draft-simple", "ngram-simple"):
+        assert modes[name]["bound"] == b["speedup"]
+        assert modes[name]["of_bound"] == pytest.approx(modes[name]["ratio_vs_plain"] / b["speedup"], rel=1e-6)
+    assert info["runs"][0]["bound"] == b
     # the sweep's own keys hold the same run
     assert len(info["runs"]) == 1 and info["runs"][0]["results"] == info["results"]
     assert [row["mode"] for row in info["overall"][0]["results"]] == list(modes)
@@ -63,9 +73,12 @@ def test_json_on_tiny_models(run_cli, tiny_models):
 def test_table_on_stdout_progress_on_stderr_and_quiet(run_cli, tiny_models):
     r = _bench(run_cli, tiny_models, "--spec-type", "draft", "-p", "Tell me about the sea.")
     assert r.exit_code == 0, r.stderr
-    for word in ("mode", "tok/s", "ratio", "e2e", "accept", "MAL", "theory", "of theory", "identical", "per-rep",
-                 "plain", "draft-simple", "best:", "speedup over plain decoding"):
+    for word in ("mode", "tok/s", "ratio", "e2e", "accept", "MAL", "theory", "of theory", "bound", "of bound",
+                 "identical", "per-rep", "plain", "draft-simple", "best:", "speedup over plain decoding"):
         assert word in r.stdout
+    # the bound, how the oracle reached it and the verify-cost curve it used
+    assert re.search(r"^bound: \d+\.\d\dx: an oracle copy-drafter .* measured: 2:[\d.]+ 4:[\d.]+ .* 64:[\d.]+ "
+                     r"\(t\(1\) = [\d.]+ ms\)$", r.stdout, re.M), r.stdout
     bar = next(line for line in r.stdout.splitlines() if "█" in line)   # the chart: one bar for the mode
     assert bar.startswith("draft-simple") and re.search(r"\d\.\d\dx$", bar)
     assert "rep 1/1 plain" in r.stderr and "rep 1/1" not in r.stdout

@@ -92,6 +92,20 @@ def test_report_embeds_the_bench_result_and_needs_nothing_external(report):
     tput = next(t for t in calls if '"plot-throughput"' in t)
     for label in ("plain", "draft-simple @ draft.gguf", "draft-simple @ draft2.gguf", "ngram-simple"):
         assert json.dumps(label) in tput
+    # the machine's copy-drafting bound: a marker per prompt over the speedups, a bar per configuration
+    speed = next(t for t in calls if '"plot-speedup"' in t)
+    assert '"bound (oracle copy-drafter)"' in speed
+    assert [b for b in _trace(speed, "bound (oracle copy-drafter)")["y"]] == [r["bound"]["speedup"] for r in info["runs"]]
+    theory = next(t for t in calls if '"plot-theory"' in t)
+    assert _trace(theory, "bound")["y"] == [row["bound"] for row in info["overall"][0]["results"]
+                                            if row["mode"] != "plain"]
+    assert "<th>bound</th><th>of bound</th>" in path.read_text(encoding="utf-8")
+
+
+def _trace(call: str, name: str) -> dict:
+    """The trace called `name` among the data of a `Plotly.newPlot(id, data, layout, config)` call."""
+    data, _ = json.JSONDecoder().raw_decode(call[call.index("[", call.index("Plotly.newPlot")):])
+    return next(t for t in data if t.get("name") == name)
 
 
 def _chromium() -> str | None:

@@ -121,6 +121,31 @@ def test_overall_is_the_geometric_mean_and_a_difference_anywhere_disqualifies():
     rows["honest"].ratio_vs_plain = 1.2
     assert best_overall(list(rows.values())).mode == "honest"
     assert geometric_mean([None, 0.0, 8.0, 2.0]) == pytest.approx(4.0)
+    assert rows["fast"].bound is None and rows["fast"].to_dict()["of_bound"] is None   # no bound measured
+
+
+def test_the_bound_is_per_prompt_and_its_fraction_a_geometric_mean_over_prompts():
+    from llamaspec.bench.bound import copy_bound
+    from llamaspec.bench.results import BenchResult, BenchSettings
+
+    results = []
+    for pid, ratio, context, out in (("code", 2.0, [1, 2, 3, 4, 5, 6, 7, 1, 2], [3, 4, 5, 6, 7, 8, 9]),
+                                     ("story", 0.5, [10, 11, 12], list(range(13, 20)))):
+        res = BenchResult(prompt_tokens=3, reps=1, settings=BenchSettings(), runs={},
+                          summaries=[_summary(PLAIN, 1.0, None), _summary("m", ratio, True)])
+        b = copy_bound(context, out, {1: 1.0, 64: 1.0})           # free batches: tokens / steps
+        res.set_bound(b)
+        results.append((pid, res))
+    code, story = results[0][1], results[1][1]
+    assert code.bound.speedup == pytest.approx(3.5)              # 3 4 5 6 7 copied + 8, then 9: 7 tokens, 2 steps
+    assert story.bound.speedup == pytest.approx(1.0)             # nothing repeats: one-token steps
+    plain, m = code.summaries
+    assert plain.bound == m.bound == pytest.approx(3.5) and plain.of_bound is None
+    assert m.of_bound == pytest.approx(2.0 / 3.5) and m.to_dict()["of_bound"] == m.of_bound
+    rows = {r.mode: r for r in overall_rows("t.gguf", [(pid, r.summaries) for pid, r in results])}
+    assert rows["m"].bound == pytest.approx(math.sqrt(3.5))     # sqrt(3.5 * 1)
+    assert rows["m"].of_bound == pytest.approx(math.sqrt(2.0 / 3.5 * 0.5))
+    assert rows[PLAIN].bound == pytest.approx(math.sqrt(3.5)) and rows[PLAIN].of_bound is None
     assert geometric_mean([]) is None and math.isfinite(geometric_mean([1e-9]))
 
 
@@ -168,6 +193,9 @@ def test_targets_x_drafts_x_modes_x_prompts_in_one_run(run_cli, tiny_models, sui
             m = modes[label]
             assert m["identical_to_plain"] is True and m["ratio_vs_plain"] > 0
             assert m["theory"]["speedup"] > 0 and m["theory"]["of_theory"] > 0
+            assert m["bound"] == run["bound"]["speedup"] > 0
+            assert m["of_bound"] == pytest.approx(m["ratio_vs_plain"] / m["bound"])
+        assert run["bound"]["depth"] == run["prompt_tokens"] and run["bound"]["tokens"] == 12
         assert modes[labels[0]]["draft"] == "draft.gguf" and modes[labels[1]]["draft"] == "draft2.gguf"
         assert modes[labels[0]]["spec_type"] == "draft-simple" and modes["ngram-simple"]["draft"] is None
         assert modes[labels[0]]["drafted"] > 0 and len(modes[labels[0]]["per_position_acceptance"]) > 0
@@ -176,6 +204,9 @@ def test_targets_x_drafts_x_modes_x_prompts_in_one_run(run_cli, tiny_models, sui
         rows = {x["mode"]: x for x in o["results"]}
         assert list(rows) == [PLAIN, *labels] and all(x["prompts"] == 2 for x in rows.values())
         assert rows[labels[0]]["identical_to_plain"] is True and len(rows[labels[0]]["ratios"]) == 2
+        bounds = [x["bound"]["speedup"] for x in info["runs"] if x["model_path"] == o["model_path"]]
+        assert rows["ngram-simple"]["bound"] == pytest.approx(geometric_mean(bounds))
+        assert rows["ngram-simple"]["of_bound"] > 0
         assert o["best"]["mode"] in rows
     assert info["all_identical"] is True
     assert "model" not in info and "results" not in info   # the single-run keys are for single runs
@@ -189,7 +220,8 @@ def test_sweep_tables_chart_and_quiet(run_cli, tiny_models, suite_file, second_d
     r = run_cli(*args)
     assert r.exit_code == 0, r.stderr
     out = r.stdout
-    assert "per prompt" in out and "overall: 2 prompt(s)" in out and "of theory" in out
+    assert "per prompt" in out and "overall: 2 prompt(s)" in out and "of theory" in out and "of bound" in out
+    assert re.search(r"^bound \[fox\]: \d+\.\d\dx", out, re.M) and re.search(r"^bound \[code\]: ", out, re.M)
     assert "speedup over plain decoding" in out
     # a bar per configuration for each prompt and overall: 3 groups x 2 drafts
     bars = [line for line in out.splitlines() if "█" in line]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from llamaspec.bench import theory as bench_theory
 
 if TYPE_CHECKING:
+    from llamaspec.bench.bound import Bound
     from llamaspec.speculative.options import NgramParams
 
 PLAIN = "plain"
@@ -144,6 +145,8 @@ class ModeSummary:
     theory: "bench_theory.Theory | None" = None       # medians over reps
     drafted_per_position: list[int] = field(default_factory=list)   # summed over reps
     accepted_per_position: list[int] = field(default_factory=list)
+    bound: float | None = None          # the prompt's copy-drafting bound on this machine (bound.py)
+    of_bound: float | None = None       # ratio_vs_plain / bound (None for plain)
 
     @property
     def per_position_acceptance(self) -> list[float]:
@@ -176,6 +179,8 @@ class ModeSummary:
             "per_position_acceptance": self.per_position_acceptance,
             "drafted_per_position": self.drafted_per_position,
             "accepted_per_position": self.accepted_per_position,
+            "bound": self.bound,
+            "of_bound": self.of_bound,
         }
 
 
@@ -187,6 +192,15 @@ class BenchResult:
     runs: dict[str, list[RepResult]]    # config label -> one result per repetition (plain first)
     summaries: list[ModeSummary]
     notes: list[str] = field(default_factory=list)
+    bound: "Bound | None" = None        # the copy-drafting bound of plain decoding's output
+
+    def set_bound(self, bound: "Bound") -> None:
+        """Attach the prompt's bound: every row gets it, every speculative row its fraction."""
+        self.bound = bound
+        for s in self.summaries:
+            s.bound = bound.speedup
+            s.of_bound = (s.ratio_vs_plain / bound.speedup
+                          if s.mode != PLAIN and s.ratio_vs_plain is not None and bound.speedup > 0 else None)
 
     @property
     def best(self) -> ModeSummary:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from llamaspec.errors import UsageError
 from llamaspec.bench.runner import run_bench
 from llamaspec.bench.prompts import SuitePrompt, format_prompt, preset_text
-from llamaspec.bench.results import BenchResult, BenchSettings, Config, ModeSummary, best_mode
+from llamaspec.bench.results import PLAIN, BenchResult, BenchSettings, Config, ModeSummary, best_mode
 
 if TYPE_CHECKING:
     from llamaspec.runtime.llama import Model
@@ -87,6 +87,8 @@ class OverallRow:
     differing_prompts: list[str]
     theory: float | None        # geometric mean of the per-prompt theoretical speedups
     of_theory: float | None     # geometric mean of the per-prompt measured / theoretical
+    bound: float | None = None  # geometric mean of the per-prompt copy-drafting bounds (bound.py)
+    of_bound: float | None = None   # geometric mean of the per-prompt measured / bound
     ratios: list[float | None] = field(default_factory=list)   # per prompt, in prompt order
     accepted_per_position: list[int] = field(default_factory=list)   # sums over prompts and repetitions
     position_drafts: int = 0                                         # drafts over prompts and repetitions
@@ -111,7 +113,8 @@ class OverallRow:
                 "mean_accepted_length": self.mean_accepted_length, "drafted": self.drafted,
                 "accepted": self.accepted, "identical_to_plain": self.identical_to_plain,
                 "differing_prompts": self.differing_prompts, "theory": self.theory,
-                "of_theory": self.of_theory, "per_position_acceptance": self.per_position_acceptance}
+                "of_theory": self.of_theory, "bound": self.bound, "of_bound": self.of_bound,
+                "per_position_acceptance": self.per_position_acceptance}
 
 
 @dataclass
@@ -166,6 +169,7 @@ def overall_rows(target: str, per_prompt: Sequence[tuple[str, Sequence[ModeSumma
             identical_to_plain=(not differing) if checked else None, differing_prompts=differing,
             theory=geometric_mean([s.theory.speedup if s.theory else None for s in ss]),
             of_theory=geometric_mean([s.theory.of_theory if s.theory else None for s in ss]),
+            bound=geometric_mean([s.bound for s in ss]), of_bound=geometric_mean([s.of_bound for s in ss]),
             ratios=[s.ratio_vs_plain for s in ss], accepted_per_position=apos))
     return rows
 
@@ -201,12 +205,15 @@ def _prepare(model: "Model", prompts: Sequence[SuitePrompt], chat: bool | None, 
 def run_suite(targets: Sequence[Target], prompts: Sequence[SuitePrompt], settings: BenchSettings, reps: int = 3,
               *, chat: bool | None = None, amx: bool | None = None, native: Path | None = None,
               on_run: Callable[[Target, str, int, Any], None] | None = None,
-              on_prompt: Callable[[Target, str, int, bool], None] | None = None) -> SuiteResult:
+              on_prompt: Callable[[Target, str, int, bool], None] | None = None,
+              bound: bool = True) -> SuiteResult:
     """Every target (loaded once) x prompt x configuration against plain decoding.
 
     `on_prompt(target, source, prompt tokens, chat used)` before a prompt's runs; `on_run(target,
     prompt id, rep, RepResult)` after each run. Prompts are tokenized and checked against the
-    context before a target's first run, so a prompt that does not fit fails before any timing."""
+    context before a target's first run, so a prompt that does not fit fails before any timing.
+    With `bound`, after a prompt's runs the target's verify-cost curve is measured at the prompt's
+    depth and the copy-drafting bound of plain decoding's output attached (bound.py)."""
     from llamaspec.runtime.devices import plan_offload
     from llamaspec.runtime.llama import Model
     from llamaspec.speculative.options import loads_mtp_layers
@@ -227,6 +234,11 @@ def run_suite(targets: Sequence[Target], prompts: Sequence[SuitePrompt], setting
                 # one warm-up per target: it pages the weights in; later prompts find them resident
                 res = run_bench(model, tokens, t.configs, replace(settings), reps, native=native,
                                 formatted_prompt=formatted, on_run=report, warmup=i == 0)
+                if bound:
+                    from llamaspec.bench.bound import bound_for
+
+                    res.set_bound(bound_for(model, tokens, res.runs[PLAIN][0].tokens or [],
+                                            threads=settings.threads))
                 result.runs.append(PromptRun(t, p.id, source, used_chat, res))
                 result.notes += [n for n in res.notes if n not in result.notes]
         finally:

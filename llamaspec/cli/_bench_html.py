@@ -3,8 +3,9 @@
 One HTML file that works offline: plotly.js is embedded inline (no CDN), and so is the benchmark's
 data, exactly the object `bench --json` prints, in `<script type="application/json"
 id="llamaspec-bench-data">`. Charts: throughput (tokens/s per prompt and configuration),
-speedup over plain decoding per prompt, measured vs theoretical speedup per configuration (over all
-prompts), and acceptance per draft position. Built from the JSON object alone.
+speedup over plain decoding per prompt (with each prompt's copy-drafting bound on this machine),
+measured vs theoretical speedup and bound per configuration (over all prompts), and acceptance per
+draft position. Built from the JSON object alone.
 """
 
 from __future__ import annotations
@@ -83,13 +84,22 @@ def _figures(info: dict[str, Any]) -> list[tuple[str, Any]]:
                       hovertemplate="%{x}: %{y:.2f}x (identical: %{customdata[0]})<extra>" + html.escape(label)
                                     + "</extra>")
     speed.add_hline(y=1.0, line_dash="dash", line_color="grey", annotation_text="plain")
+    bounds = [r["bound"]["speedup"] if r.get("bound") else None for r in runs]
+    if any(b is not None for b in bounds):
+        # the machine's copy-drafting bound of each prompt: a marker over its group of bars
+        speed.add_scatter(name="bound (oracle copy-drafter)", x=xs, y=bounds, mode="markers",
+                          marker=dict(symbol="line-ew-open", size=40, color="black", line=dict(width=3)),
+                          hovertemplate="%{x}: bound %{y:.2f}x<extra></extra>")
 
     overall = [(o, row) for o in info["overall"] for row in o["results"] if row["mode"] != "plain"]
     names = [f"{Path(o['model_path']).name}: {row['mode']}" if several else row["mode"] for o, row in overall]
-    theory = go.Figure(layout=dict(layout, title="Measured vs theoretical speedup (geometric means over prompts)",
+    theory = go.Figure(layout=dict(layout, title="Measured vs theoretical speedup and the copy-drafting bound "
+                                                 "(geometric means over prompts)",
                                    yaxis_title="x plain", xaxis_title="configuration"))
     theory.add_bar(name="measured", x=names, y=[row["ratio_vs_plain"] for _, row in overall])
     theory.add_bar(name="theoretical", x=names, y=[row["theory"] for _, row in overall])
+    if any(row.get("bound") is not None for _, row in overall):
+        theory.add_bar(name="bound", x=names, y=[row.get("bound") for _, row in overall])
     theory.add_hline(y=1.0, line_dash="dash", line_color="grey")
 
     acc = go.Figure(layout=dict(layout, title="Acceptance per draft position (drafts whose token i was "
@@ -103,7 +113,8 @@ def _figures(info: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _summary_table(info: dict[str, Any]) -> str:
-    head = ("target", "configuration", "tok/s", "speedup", "theory", "of theory", "acceptance", "identical")
+    head = ("target", "configuration", "tok/s", "speedup", "theory", "of theory", "bound", "of bound", "acceptance",
+            "identical")
     rows = []
     for o in info["overall"]:
         for r in o["results"]:
@@ -112,6 +123,8 @@ def _summary_table(info: dict[str, Any]) -> str:
                      f"{r['ratio_vs_plain']:.2f}x" if r["ratio_vs_plain"] is not None else "-",
                      f"{r['theory']:.2f}x" if r["theory"] is not None else "-",
                      f"{100 * r['of_theory']:.0f}%" if r["of_theory"] is not None else "-",
+                     f"{r['bound']:.2f}x" if r.get("bound") is not None else "-",
+                     f"{100 * r['of_bound']:.0f}%" if r.get("of_bound") is not None else "-",
                      f"{100 * r['acceptance']:.1f}%" if r["drafted"] else "-", ident)
             best = r["mode"] == o["best"]["mode"] and r["mode"] != "plain"
             rows.append("<tr%s>%s</tr>" % (' class="best"' if best else "",
@@ -150,7 +163,10 @@ tr.best td {{ font-weight: bold; }}
 {_summary_table(info)}
 <p>Speedup: generation tokens/s over plain decoding of the same target in the same repetition;
 over prompts, the geometric mean. Theory: the speedup from each configuration's own acceptance per
-position, draft cost and verify cost (in plain decode steps). A configuration whose tokens differ
+position, draft cost and verify cost (in plain decode steps). Bound: the speedup an oracle
+copy-drafter would reach on plain decoding's output with this machine's measured verify costs (at
+each step the longest copy, after a 2-token match, of at most 63 tokens, never wrong, paying the
+measured cost of its batch); of bound: measured / bound. A configuration whose tokens differ
 from plain decoding is never marked best.</p>
 {''.join(parts)}
 {f'<h2>Notes</h2><ul>{notes}</ul>' if notes else ''}

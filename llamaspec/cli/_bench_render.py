@@ -72,7 +72,8 @@ def run_dict(run: "PromptRun") -> dict[str, Any]:
     return {"model": run.target.ref, "model_path": str(run.target.path), "prompt_id": run.prompt_id,
             "prompt": run.source, "chat": run.chat, "prompt_tokens": res.prompt_tokens,
             "results": [m.to_dict() for m in res.summaries], "best": _best(res.best),
-            "all_identical": all(m.identical_to_plain for m in checked), "notes": mode_notes(res)}
+            "all_identical": all(m.identical_to_plain for m in checked), "notes": mode_notes(res),
+            "bound": res.bound.to_dict() if res.bound is not None else None}
 
 
 def to_dict(suite: "SuiteResult", *, drafts: Sequence[tuple[str, Path]]) -> dict[str, Any]:
@@ -100,7 +101,7 @@ def to_dict(suite: "SuiteResult", *, drafts: Sequence[tuple[str, Path]]) -> dict
                      "draft": drafts[0][0] if len(drafts) == 1 else None,
                      "draft_path": str(drafts[0][1]) if len(drafts) == 1 else None,
                      "prompt": one["prompt"], "chat": one["chat"], "prompt_tokens": one["prompt_tokens"],
-                     "results": one["results"], "best": one["best"]})
+                     "results": one["results"], "best": one["best"], "bound": one["bound"]})
     return info
 
 
@@ -150,17 +151,20 @@ def _ident(m: Any) -> str:
 
 
 def _mode_cells(m: "ModeSummary") -> list[str]:
-    """accept, MAL, theory, of theory."""
+    """accept, MAL, theory, of theory, bound, of bound."""
     plain = m.mode == "plain"
     has_drafts = not plain and not m.native and m.drafted > 0
     t = m.theory
     return [f"{100 * m.acceptance:.1f}%" if not plain and (m.native or has_drafts) else "-",
             f"{m.mean_accepted_length:.2f}" if has_drafts and m.mean_accepted_length is not None else "-",
-            _x(t.speedup) if t is not None else "-", _pct(t.of_theory) if t is not None else "-"]
+            _x(t.speedup) if t is not None else "-", _pct(t.of_theory) if t is not None else "-",
+            _x(m.bound), _pct(m.of_bound)]
 
 
 _THEORY_CAPTION = (" theory: the speedup this mode's own acceptance per position, draft cost and verify cost "
-                   "predict (E tokens per step / step cost in plain decode steps); of theory: measured / theory.")
+                   "predict (E tokens per step / step cost in plain decode steps); of theory: measured / theory."
+                   " bound: what an oracle copy-drafter would reach on plain decoding's output with this "
+                   "machine's measured verify costs; of bound: measured / bound.")
 
 
 def _single_table(run: "PromptRun", suite: "SuiteResult"):
@@ -175,14 +179,14 @@ def _single_table(run: "PromptRun", suite: "SuiteResult"):
            if any(m.native for m in result.summaries) else ""),
         [("mode", "left", 12), ("tok/s", "right", None), ("ratio", "right", None), ("e2e", "right", None),
          ("accept", "right", None), ("MAL", "right", None), ("theory", "right", None),
-         ("of theory", "right", None), ("identical", "left", 9), ("ovh ms", "right", None),
-         ("per-rep ratios", "left", 7)])
+         ("of theory", "right", None), ("bound", "right", None), ("of bound", "right", None),
+         ("identical", "left", 9), ("ovh ms", "right", None), ("per-rep ratios", "left", 7)])
     best = result.best.mode
     for m in result.summaries:
         plain = m.mode == "plain"
         table.add_row(
             f"[bold]{escape(m.mode)}[/bold]" if m.mode == best and not plain else escape(m.mode),
-            f"{m.tok_s:.1f}", _ratio_cell(m.ratio_vs_plain, plain), _x(m.e2e_ratio_vs_plain), *_mode_cells(m)[:4],
+            f"{m.tok_s:.1f}", _ratio_cell(m.ratio_vs_plain, plain), _x(m.e2e_ratio_vs_plain), *_mode_cells(m),
             _ident(m), f"{m.overhead_ms_per_step:.3f}" if m.overhead_ms_per_step is not None else "-",
             "-" if plain else " ".join(_x(r) for r in m.ratios))
     return table
@@ -193,7 +197,7 @@ def _prompts_table(suite: "SuiteResult"):
     cols = ([("target", "left", 8)] if several else []) + [
         ("prompt", "left", 8), ("mode", "left", 12), ("tok/s", "right", None), ("ratio", "right", None),
         ("accept", "right", None), ("MAL", "right", None), ("theory", "right", None), ("of theory", "right", None),
-        ("identical", "left", 9)]
+        ("bound", "right", None), ("of bound", "right", None), ("identical", "left", 9)]
     medians = "medians of" if suite.reps > 1 else "a single measurement per prompt:"
     table = _table(f"per prompt: n={suite.settings.n}, {suite.settings.threads} thread(s), greedy",
                    f"{medians} {suite.reps} rep(s) per prompt; ratio over plain decoding of the same target "
@@ -213,12 +217,13 @@ def _overall_table(suite: "SuiteResult"):
     several = len(suite.targets) > 1
     n_prompts = len(_prompt_ids(suite))
     table = _table(f"overall: {n_prompts} prompt(s)",
-                   "tok/s, ratio, theory, of theory: geometric means over prompts; accept and MAL: over all "
-                   "drafted tokens.",
+                   "tok/s, ratio, theory, of theory, bound, of bound: geometric means over prompts; accept and "
+                   "MAL: over all drafted tokens.",
                    ([("target", "left", 8)] if several else []) + [
                        ("mode", "left", 12), ("tok/s", "right", None), ("ratio", "right", None),
                        ("accept", "right", None), ("MAL", "right", None), ("theory", "right", None),
-                       ("of theory", "right", None), ("identical", "left", 9), ("per-prompt ratios", "left", 7)])
+                       ("of theory", "right", None), ("bound", "right", None), ("of bound", "right", None),
+                       ("identical", "left", 9), ("per-prompt ratios", "left", 7)])
     for t in suite.targets:
         best = suite.best(t).mode
         for i, r in enumerate(suite.overall(t)):
@@ -235,9 +240,26 @@ def _overall_table(suite: "SuiteResult"):
                           f"{r.tok_s:.1f}", _ratio_cell(r.ratio_vs_plain, plain),
                           f"{100 * r.acceptance:.1f}%" if has else "-",
                           f"{r.mean_accepted_length:.2f}" if has and r.mean_accepted_length else "-",
-                          _x(r.theory), _pct(r.of_theory), ident,
+                          _x(r.theory), _pct(r.of_theory), _x(r.bound), _pct(r.of_bound), ident,
                           "-" if plain else " ".join(_x(v) for v in r.ratios))
     return table
+
+
+def bound_lines(suite: "SuiteResult") -> list[str]:
+    """Per run: the copy-drafting bound, how it was reached, and the verify-cost curve it used."""
+    lines = []
+    for run in suite.runs:
+        b = run.result.bound
+        if b is None:
+            continue
+        tag = _run_tag(run, suite)
+        curve = " ".join(f"{n}:{r:.2f}" for n, r in sorted(b.curve.items()) if n > 1)
+        lines.append(escape(f"bound{f' [{tag}]' if tag else ''}: {b.speedup:.2f}x: an oracle copy-drafter "
+                            f"(2-token match, at most 63 tokens, never wrong) writes plain decoding's {b.tokens} "
+                            f"tokens in {b.steps} steps ({b.copied} copied); verify cost t(n)/t(1) at depth "
+                            f"{b.depth}, measured: {curve}"
+                            + (f" (t(1) = {b.t1_ms:.1f} ms)" if b.t1_ms is not None else "")))
+    return lines
 
 
 def chart(suite: "SuiteResult", width: int = 40):
@@ -269,6 +291,8 @@ def render(console, suite: "SuiteResult") -> None:
         console.print(_prompts_table(suite))
         console.print()
         console.print(_overall_table(suite))
+    for line in bound_lines(suite):
+        console.print(line)
     console.print()
     console.print("[bold]speedup over plain decoding[/bold] (1.0x where the grey part of a bar ends)")
     console.print(chart(suite))
