@@ -6,10 +6,12 @@ so with the target's plain output recorded once, drafters and draft-length polic
 compared deterministically and in milliseconds, without the noise of a shared machine. The cost
 of a step comes from a verify-cost curve t(n)/t(1) (measure it with `--measure MODEL`); drafting
 is counted as free (n-gram drafters cost microseconds). The speedup is modelled, not measured:
-confirm a choice with `llamaspec bench`.
+confirm a choice with `llamaspec bench`. Each trace also gets its copy-drafting bound on the same
+curve (llamaspec/bench/bound.py: an oracle that copies, after a 2-token match, exactly what will be
+accepted), the yardstick `bench` reports as `bound`.
 
     scripts/replay_drafters.py --record MODEL --prompt-preset code -o code.json
-    scripts/replay_drafters.py --measure MODEL                       # prints a curve
+    scripts/replay_drafters.py --measure MODEL --prompt-preset code  # prints a curve at that depth
     scripts/replay_drafters.py code.json --curve 1:1,2:1.8,8:3.3,16:5.2,32:9.5,64:16.3
 """
 
@@ -18,11 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
+from llamaspec.bench.bound import copy_bound, measure_curve
 from llamaspec.speculative.controller import DraftLengthController
 from llamaspec.speculative.costs import CostModel
 from llamaspec.speculative.drafters.ngram_mod import NgramModDrafter
@@ -83,24 +85,19 @@ def record(model: str, preset: str, n: int, path: Path) -> None:
     print(f"{path}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", file=sys.stderr)
 
 
-def measure(model: str, threads: int) -> str:
-    from llamaspec.runtime.context import Context, ContextConfig
+def measure(model: str, preset: str, threads: int) -> str:
+    """The verify-cost curve as `bench` measures it: at the depth of the preset's formatted prompt."""
+    from llamaspec.bench.prompts import format_prompt, preset_text
     from llamaspec.runtime.llama import Model
 
     m = Model(model)
-    ctx = Context(m, ContextConfig(n_ctx=1024, n_threads=threads))
-    toks = (m.tokenize("def f(x):\n    return x * 2\n" * 80) * 2)[:400]
-    ctx.decode(toks[:300], 0, 0)
-    times: dict[int, list[float]] = {}
-    for _ in range(7):
-        for n in (1, 2, 4, 8, 16, 32, 64):
-            t = time.perf_counter()
-            ctx.decode(toks[300:300 + n], 300, 0, outputs="all")
-            ctx.logits(n)
-            times.setdefault(n, []).append(time.perf_counter() - t)
-            ctx.seq_rm(0, 300)
-    t1 = float(np.median(times[1]))
-    return ",".join(f"{n}:{float(np.median(v)) / t1:.2f}" for n, v in times.items())
+    try:
+        _, prompt, _ = format_prompt(m, preset_text(preset))
+        curve, t1 = measure_curve(m, prompt, threads=threads, reps=7)
+    finally:
+        m.close()
+    print(f"t(1) = {1000 * t1:.2f} ms at depth {len(prompt)}", file=sys.stderr)
+    return ",".join(f"{n}:{r:.2f}" for n, r in curve.items())
 
 
 def main() -> None:
@@ -121,11 +118,14 @@ def main() -> None:
         record(a.record, a.prompt_preset, a.n, a.o or Path(f"{a.prompt_preset}.json"))
         return
     if a.measure:
-        print(measure(a.measure, a.threads))
+        print(measure(a.measure, a.prompt_preset, a.threads))
         return
     curve = {int(k): float(v) for k, v in (p.split(":") for p in a.curve.split(","))}
     for trace in a.trace:
         data = json.loads(trace.read_text())
+        b = copy_bound(data["prompt"], data["out"], curve)
+        print(f"{trace.name}  {'copy bound':14s} {'oracle':12s} {b.steps:4d} steps  {b.speedup:.2f}x modelled "
+              f"({b.copied} of {b.tokens} tokens copied)")
         for name, make in DRAFTERS.items():
             for adaptive in (True, False):
                 steps, speed = replay(make, data["prompt"], data["out"], curve, a.k_max, adaptive)
