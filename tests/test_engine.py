@@ -437,3 +437,36 @@ def test_a_paused_drafter_does_not_stop_a_free_one_in_a_chain(tiny_target, monke
     assert per["oracle"].accepted > 60 and per["oracle"].calls >= per["oracle"].drafts > 0
     assert per["wrong"].calls >= per["wrong"].drafts > 0 and per["wrong"].draft_seconds > 0
     assert engine.last_controllers["wrong"].n_pauses > 0, "the failing drafter must have been paused"
+
+
+def test_parallel_sequences_share_the_batch_time_by_rows(tiny_models):
+    """At --parallel 2 one llama_decode verifies both sequences: each is charged its rows' share
+    of that time (in verify_seconds and in what its controller's cost model learns), not all of it.
+
+    A decode listener (called inside the timed batch, once per sequence's segment) sleeps SLEEP, so
+    the batch times are known: before, the sequences' verify_seconds added up to twice the time
+    spent in decodes, and the cost model took a one-token step for two."""
+    import time
+
+    from llamaspec.generator import Generator
+
+    SLEEP = 0.03
+    slept = []
+
+    def slow(*_):
+        time.sleep(SLEEP)
+        slept.append(SLEEP)
+
+    with Generator(tiny_models["target"], spec_type="ngram-simple", parallel=2, threads=1, temperature=0,
+                   max_tokens=16, chat=False, tuned=False) as g:
+        g.pipeline.ctx.add_decode_listener(slow)
+        config = g.pipeline.config(max_tokens=16, sampling=g.sampling)
+        jobs = [(p, g.tokenize(p), config) for p in ("the cat sat on the mat", "once upon a time there was")]
+        results = [gen for _, gen in g.pipeline.engine.generate_many(jobs, parallel=2)]
+        ctl = g.pipeline.engine.last_controllers["ngram-simple"]
+    assert [len(r.tokens) for r in results] == [16, 16]
+    verify = sum(r.stats.verify_seconds for r in results)
+    # the listener's sleeps (prompts' included) bound the batch time; the rest is tiny-model noise
+    assert SLEEP * len(slept) / 2 < verify < 1.4 * SLEEP * len(slept), (verify, len(slept))
+    # the cost model's one-token step: one segment's sleep each, not both
+    assert ctl.cost.decode_seconds < 1.5 * SLEEP, ctl.cost.decode_seconds

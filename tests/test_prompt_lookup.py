@@ -151,3 +151,16 @@ def test_no_flags_means_speculation_from_what_is_on_disk(run_cli, tiny_models, t
     assert auto["spec_type"] == "prompt-lookup" and plain["spec_type"] == "none"
     assert auto["tokens"] == plain["tokens"]
     assert "--spec-type none turns it off" in res.stderr
+
+
+def test_calls_count_every_lookup_not_only_the_matches(run_cli, tiny_models):
+    """per_drafter.calls: the times the drafter was asked (it looked for a match every step, found
+    one or not); drafts: the non-empty drafts it made. It used to count only the lookups that
+    matched (2 calls in 42 steps)."""
+    common = (str(tiny_models["target"]), "-p", "the cat sat on the mat and the dog ran", "-n", "40", "--temp", "0",
+              "--raw", "--fixed-draft", "--spec-type", "prompt-lookup")
+    spec = _run_json(run_cli, *common)
+    credit = spec["per_drafter"]["prompt-lookup"]
+    # every step but the last (which has no room for a draft) asks the drafter
+    assert credit["calls"] >= spec["steps"] - 1 > 10, (credit, spec["steps"])
+    assert credit["drafts"] == spec["drafts"] < credit["calls"]

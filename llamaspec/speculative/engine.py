@@ -157,8 +157,12 @@ class SpecEngine:
             firsts = self.ctx.decode_many(segments)
             rows = self.ctx.logits(sum(len(t) for t, _, _ in segments))
         verify_s = time.perf_counter() - tb
+        # One batch for all: each sequence is charged its rows' share of it, in its stats and in
+        # what its controller's cost model learns (the whole time, once per sequence, counted it
+        # N times over and made a one-token step look N times dearer).
+        total = sum(len(t) for t, _, _ in segments)
         for s, first, (toks, _, _) in zip(seqs, firsts, segments):
-            s.settle(rows[first:first + len(toks)], verify_s)
+            s.settle(rows[first:first + len(toks)], verify_s * len(toks) / total)
 
     # -- helpers shared by the sequences -----------------------------------------------------------
     def _controllers(self, config: GenerationConfig, reproducible: bool) -> dict[str, DraftLengthController]:
@@ -198,11 +202,17 @@ class SpecEngine:
             return _NO_DRAFT
         asked: list[tuple[str, float]] = []  # (member, when asked): a member's time runs to the next
 
+        def start(d: Drafter) -> None:  # one call per member asked, whether it finds a draft or not
+            if not asked or asked[-1][0] != d.name:
+                asked.append((d.name, time.perf_counter()))
+
         def limit(d: Drafter, match: int | None = None) -> int:
             n = min(k, ctls[d.name].choose(match)) if ctls else k
             if n > 0:
-                asked.append((d.name, time.perf_counter()))
+                start(d)
             return n
+
+        limit.start = start  # type: ignore[attr-defined]  # base.announce: a member that looks first
 
         draft = self.drafter.propose_within(seq_id, history, limit)
         t_end = time.perf_counter()

@@ -35,7 +35,7 @@ def _add_lists(a: list[int], b: list[int]) -> list[int]:
 class DrafterCredit:
     """What one drafter contributed: llama.cpp's per-implementation counters."""
 
-    calls: int = 0          # propose() calls
+    calls: int = 0          # times it was asked for a draft (found one or not)
     drafts: int = 0         # non-empty drafts it produced (and that were used)
     drafted: int = 0        # tokens in those drafts
     accepted: int = 0       # of those, accepted by the target

@@ -29,7 +29,17 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Draft", "Drafter"]
+__all__ = ["Draft", "Drafter", "announce"]
+
+
+def announce(limit: Callable[..., int], drafter: "Drafter") -> None:
+    """Tell the engine `drafter` starts looking for a draft, for a drafter that looks before it asks
+    `limit` for a length (prompt-lookup sizes its draft by the match it finds): the attempt is
+    counted and timed as a call even when nothing is found. Other drafters need not: limit(d) is
+    the announcement."""
+    start = getattr(limit, "start", None)
+    if start is not None:
+        start(drafter)
 
 
 @dataclass
@@ -112,7 +122,8 @@ class Drafter(ABC):
 
         The engine gives each member its own adaptive cap, so a paused draft model does not stop
         a free n-gram drafter from being tried (and the other way round). A drafter that knows
-        its match length before drafting calls limit(d, match) instead (prompt_lookup.py)."""
+        its match length before drafting calls announce(limit, d) first and limit(d, match) when it
+        has one (prompt_lookup.py)."""
         k = limit(self)
         return self.propose(seq_id, history, k).truncated(k) if k > 0 else Draft([])
 

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from llamaspec.speculative.drafters.base import Draft, Drafter
+from llamaspec.speculative.drafters.base import Draft, Drafter, announce
 
 __all__ = ["prompt_lookup_draft", "PromptLookupDrafter"]
 
@@ -149,6 +149,7 @@ class PromptLookupDrafter(Drafter):
     def propose_within(self, seq_id: int, history: Sequence[int],
                        limit: Callable[..., int]) -> Draft:
         # The match comes first so the controller can size the draft by it.
+        announce(limit, self)
         j, n = self.find(seq_id, history)
         if j < 0:
             return Draft([], None, self.name)
