@@ -64,12 +64,13 @@ def test_a_second_job_on_the_same_output_is_refused_naming_the_first(tiny_models
     try:
         _wait_for_records(first, out, 1)
         second = _start("batch", tiny_models["target"], inp, "-o", out, *FAST)
-        _, err = second.communicate(timeout=120)
-        assert first.poll() is None, "the first job must still be running for this test to mean anything"
+        _, err = second.communicate(timeout=600)
+        first_was_running = first.poll() is None
     finally:
         first_out, first_err = first.communicate(timeout=300)
-    assert second.returncode == 2
+    assert second.returncode == 2, err
     assert f"{out} is being written by another llamaspec batch (pid {first.pid}; lock {out}.lock)" in err
+    assert first_was_running, "the first job must still be running for this test to mean anything"
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 2   # the line and its hint
     assert first.returncode == 0, first_err
     ids = _ids(out)
