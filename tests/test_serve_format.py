@@ -175,3 +175,15 @@ def test_without_the_server_extra_one_line_names_it(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) <= 2 and "server" in lines[0] and "pip install 'llamaspec[server]'" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_a_port_in_use_is_one_line_before_any_model_loads(run_cli):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        r = run_cli("serve", "no-such-model.gguf", "--port", str(port))
+    assert r.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr and "--port" in r.stderr
+    assert "no-such-model" not in r.stderr   # the socket is checked first

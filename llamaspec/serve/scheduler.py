@@ -113,16 +113,23 @@ class Scheduler:
 
     # -- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            stopping = self._read_inbox(block=not self._active and not self._pending)
-            if stopping:
-                break
-            self._admit()
-            self._reap()
-            if self._active:
-                self._step()
+        while True:
+            try:
+                if self._read_inbox(block=not self._active and not self._pending):
+                    break
+                self._admit()
                 self._reap()
+                if self._active:
+                    self._step()
+                    self._reap()
+            except Exception:  # noqa: BLE001 - a bug in one request must not stop the engine thread
+                traceback.print_exc(file=sys.stderr)
+                for slot, (job, seq) in list(self._active.items()):
+                    if seq.done:
+                        continue
+                    seq.abandon()
+                    del self._active[slot]
+                    self._fail(job, 500, "internal error (see the server's log)")
         for job, seq in list(self._active.values()):
             seq.stop("interrupted")
         self._reap()
@@ -154,6 +161,8 @@ class Scheduler:
             return self._fail(job, 400, e.message, param_of(e))
         except LlamaspecError as e:   # a chat template that refuses these messages
             return self._fail(job, 400, e.message, job.field_prompt)
+        except Exception as e:  # noqa: BLE001
+            return self._crash(job, e)
         n_ctx = self.gen.n_ctx
         if len(job.tokens) > n_ctx:
             return self._fail(job, 400, f"the prompt is {len(job.tokens)} tokens, longer than the context of "

@@ -68,8 +68,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise LlamaspecError(f"cannot listen on {host}:{port}: {e.strerror}",
                              "choose another --port, or stop what is using it") from None
-    sock.listen(128)
-    sock.set_inheritable(True)
+    # not listening yet: while the model loads, clients are refused rather than left hanging
+    # (uvicorn's asyncio server listens on it when it starts)
     return sock
 
 
