@@ -89,3 +89,14 @@ class ContextFullError(LlamaspecError):
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt (the CLI's handler, cli/_errors.py),
     so that the same code keeps partial results and cleans up; the exit code is EXIT_TERMINATED."""
+
+
+class GenerationInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM in the CLI) during `Generator.generate` / `generate_many`: a
+    KeyboardInterrupt, so a script's loop stops as Ctrl-C should, carrying what was made. `result`:
+    the partial `Result` of `generate` (finish_reason "interrupted"); None from `generate_many`,
+    which has already yielded every finished result. `__cause__` is the original KeyboardInterrupt."""
+
+    def __init__(self, result=None):
+        super().__init__("generation interrupted")
+        self.result = result

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
-from llamaspec.errors import LlamaspecError, UsageError
+from llamaspec.errors import GenerationInterrupted, LlamaspecError, UsageError  # noqa: F401 (API)
 
 if TYPE_CHECKING:
     from llamaspec.generation_options import GenerationOptions
@@ -48,17 +48,6 @@ class Result:
         if self.error is not None:
             d["error"] = self.error.message
         return d
-
-
-class GenerationInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or SIGTERM in the CLI) during `generate` / `generate_many`: a KeyboardInterrupt, so a
-    script's loop stops as Ctrl-C should, carrying what was made. `result`: the partial `Result`
-    of `generate` (finish_reason "interrupted"); None from `generate_many`, which has already
-    yielded every finished result. `__cause__` is the original KeyboardInterrupt."""
-
-    def __init__(self, result: "Result | None" = None):
-        super().__init__("generation interrupted")
-        self.result = result
 
 
 @dataclass

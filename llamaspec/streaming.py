@@ -13,10 +13,9 @@ the sequence's KV cache consistent for the next call.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
-if TYPE_CHECKING:
-    from llamaspec.generator import Result
+from llamaspec.errors import GenerationInterrupted
 
 
 class TextStream:
@@ -36,7 +35,6 @@ class TextStream:
         return self._run()
 
     def _run(self) -> Iterator[str]:
-        from llamaspec.generator import GenerationInterrupted
         from llamaspec.speculative.sequence import SequenceRun
 
         pieces: list[str] = []
