@@ -96,6 +96,7 @@ def test_footer_reports_the_tokens_this_turn_evaluated():
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -213,7 +214,10 @@ def test_run_without_a_prompt_at_a_terminal_opens_the_chat(smollm2_q4):
     child = _spawn("run", smollm2_q4, *FLAGS)
     n, cached, printed = _turn(child, "Hello!")
     assert n > 0 and cached == 0 and "no prompt" not in printed
-    assert _leave(child, "eof") == 0
+    child.kill(signal.SIGTERM)   # at the prompt: SIGTERM ends the chat (Ctrl-C would not)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 143
 
 
 # ---- the command with piped input (no terminal: one message a line) -----------------------------------

@@ -114,6 +114,7 @@ class ChatSession:
             except KeyboardInterrupt:   # Ctrl-C at the prompt: ollama's hint, and the chat goes on
                 multi.cancel()
                 self.out.write("\n")
+                self._check_terminated()
                 self.out.info(EXIT_HINT)
                 continue
             if not multi.active and line.strip().startswith("/"):
