@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["run", "batch", "bench", "pair", "check", "inspect", "models", "pull", "doctor"]
+COMMANDS = ["run", "chat", "batch", "bench", "pair", "check", "inspect", "models", "pull", "doctor", "tune"]
 
 _PROBE = """
 import sys
