@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator
 from llamaspec.batch.requests import CHAT, LineError, Request
 from llamaspec.errors import InputError, disk_full
 
-__all__ = ["result_record", "error_record", "record_failed", "OutputFile", "InOrder", "openai_finish_reason"]
+__all__ = ["result_record", "error_record", "record_failed", "recorded_ids", "OutputFile", "InOrder", "openai_finish_reason"]
 
 # finish_reason values the OpenAI SDK accepts (its models refuse any other)
 OPENAI_FINISH_REASONS = ("stop", "length", "tool_calls", "content_filter", "function_call")
@@ -147,6 +147,19 @@ def _record_info(rec: Any) -> tuple[str, bool] | None:
     return None
 
 
+def recorded_ids(path: str | os.PathLike) -> set[str]:
+    """Ids of the complete records in OUTPUT (failed ones too), read without opening it for
+    writing (nothing is created or cut: the manifest check comes first)."""
+    ids: set[str] = set()
+    with suppress(FileNotFoundError), open(path, "rb") as f:
+        for raw in f:
+            with suppress(ValueError):
+                info = _record_info(json.loads(raw.decode("utf-8"))) if raw.endswith(b"\n") else None
+                if info is not None:
+                    ids.add(info[0])
+    return ids
+
+
 class OutputFile:
     """OUTPUT, opened for appending one durable record at a time:
 
@@ -182,17 +195,6 @@ class OutputFile:
                     raise InputError(f"{self.path}: line {n} is not a llamaspec batch record",
                                      hint="give a new -o")
                 yield n, raw, _record_info(rec)
-
-    def recorded_ids(self) -> set[str]:
-        """Ids of OUTPUT's complete records, failed ones too, without changing the file."""
-        ids: set[str] = set()
-        try:
-            for _, _, info in self._lines():
-                if info is not None:
-                    ids.add(info[0])
-        except InputError:
-            pass  # done_ids() says what is wrong with the file, in the order of the job's checks
-        return ids
 
     def done_ids(self, include_failed: bool = True) -> set[str]:
         """Ids (own `id` or OpenAI `custom_id`) of OUTPUT's complete records. An incomplete last

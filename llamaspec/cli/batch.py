@@ -67,11 +67,11 @@ def batch(
                 out.info(note)
             if warning := draft_size_warning(g.resolved.target_path, g.resolved.draft_path):
                 out.warn(warning)
+            io.check_or_write_manifest(
+                output_path, _requested(g, gen, ngram), force, input=io.input_identity(input, lines, items),
+                recorded=io.recorded_ids(output_path), effective=_effective(g),
+                lines_of={it.id: it.line for it in items})
             with io.OutputFile(output_path) as records:
-                io.check_or_write_manifest(
-                    output_path, _requested(g, gen, ngram), force, input=io.input_identity(input, lines, items),
-                    recorded=records.recorded_ids(), effective={**g.describe(), "tuned": g.tuned},
-                    lines_of={it.id: it.line for it in items})
                 done = records.done_ids(include_failed=not retry_failed)
                 todo = [it for it in items if it.id not in done]
                 progress = _Progress(out, sum(isinstance(r, io.Request) for r in todo), len(items), len(items) - len(todo))
@@ -132,6 +132,13 @@ def _engine_request(request_type, r, completions: str):
                         temperature=r.temperature, top_p=r.top_p, seed=r.seed, stop=r.stop or None,
                         chat=False if r.openai == completions else None, top_k=r.top_k, min_p=r.min_p,
                         repeat_penalty=r.repeat_penalty)
+
+
+def _effective(g) -> dict:
+    """What ran in effect where it can differ from what was asked (manifest information only)."""
+    d = g.describe()
+    return {"spec_type": d["spec_type"], "draft": d["draft"], "draft_max": d["draft_max"],
+            "draft_p_min": d["draft_p_min"], "n_ctx": d["n_ctx"], "tuned": g.tuned}
 
 
 def _requested(g, gen: GenerationOptions, ngram: NgramParams) -> dict:
