@@ -313,10 +313,12 @@ def test_a_line_that_is_not_utf8_fails_alone(tmp_path):
     p.write_bytes(b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "caf\xe9"}\n{"id": "c", "prompt": "y"}\n')
     items = parse_requests(read_input(str(p)))
     assert [type(i).__name__ for i in items] == ["Request", "LineError", "Request"]
-    assert items[1].line == 2 and items[1].id == "line-2"
+    assert items[1].line == 2 and items[1].id == "b"   # its id still read, to name its record
     assert items[1].message.startswith("not UTF-8: byte 0xe9 at column 27")
     (bad,) = parse_requests(read_input("-", stdin=io.BytesIO(b"\xff")))
-    assert isinstance(bad, LineError) and "byte 0xff" in bad.message
+    assert isinstance(bad, LineError) and "byte 0xff" in bad.message and bad.id == "line-1"
+    (bad,) = parse_requests([oa({"prompt": "x"}, url="/v1/completions", custom_id="k").encode()[:-3] + b'\xe9"}}'])
+    assert (bad.id, bad.openai) == ("k", "completions")
 
 
 # ---- OUTPUT and resume ------------------------------------------------------------------------

@@ -173,7 +173,7 @@ def test_a_non_utf8_line_fails_alone_and_the_summary_counts_each_kind(run_cli, t
     assert r.exit_code == 1 and "Traceback" not in r.stderr
     assert "line 2: not UTF-8: byte 0xe9" in r.stderr
     recs = {x["id"]: x for x in _records(out)}
-    assert recs["line-2"]["error"]["line"] == 2 and all(recs[f"p{i}"]["text"] for i in range(3))
+    assert recs["latin"]["error"]["line"] == 2 and all(recs[f"p{i}"]["text"] for i in range(3))
     s = r.json()
     assert (s["lines"], s["done"], s["failed"], s["skipped"], s["remaining"]) == (6, 3, 3, 0, 0)
     assert "6 lines: 3 done, 3 failed;" in r.stderr   # not "3/3 requests, 3 failed"

@@ -218,6 +218,7 @@ def _parse_line(text: str | bytes, line: int) -> Request | LineError:
             try:
                 text = text.decode("utf-8")
             except UnicodeDecodeError as e:
+                rid, form = _id_and_form(text.decode("utf-8", "replace"), rid)  # to name it in OUTPUT
                 raise _Bad(f"not UTF-8: byte 0x{text[e.start]:02x} at column {e.start + 1} "
                            "(convert the file to UTF-8, e.g. iconv -t UTF-8)") from None
         try:
@@ -250,6 +251,21 @@ def _parse_line(text: str | bytes, line: int) -> Request | LineError:
         return _request(obj["body"], rid, line, kind)
     except _Bad as e:
         return LineError(rid, line, str(e), form, e.param)
+
+
+def _id_and_form(text: str, rid: str) -> tuple[str, str | None]:
+    """The id and form of a line that fails anyway, when its JSON can be read (else as given)."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return rid, _UNKNOWN
+    if not isinstance(obj, dict):
+        return rid, _UNKNOWN
+    is_openai = "custom_id" in obj or "body" in obj
+    v = obj.get("custom_id" if is_openai else "id")
+    ok = isinstance(v, str) and v or isinstance(v, int) and not isinstance(v, bool)
+    form = (_URLS.get(obj.get("url")) if isinstance(obj.get("url"), str) else None) or CHAT if is_openai else None
+    return (str(v) if ok else rid), form
 
 
 def parse_requests(lines: Iterable[str | bytes]) -> list[Request | LineError]:
