@@ -62,7 +62,7 @@ def test_tune_stores_a_config_and_the_next_run_uses_it(run_cli, pair, one_prompt
     assert [x["name"] for x in rounds][-1] == "confirm" and "fine" not in [x["name"] for x in rounds]
     specs = {c["spec_type"] for x in rounds for c in x["candidates"]}
     chains = {s for s in specs if "," in s}   # the best n-gram types (if any drafted) with the draft
-    assert all(s.endswith(",draft-simple") for s in chains) and len(chains) <= 2
+    assert all(s.endswith(",draft-simple") for s in chains) and len(chains) <= 1   # quick: the best one
     for x in rounds:   # every measured run was checked against plain decoding
         for c in x["candidates"]:
             assert c["rejected"] is None or c["rejected"].startswith(("cannot run", "greedy tokens differ"))
@@ -222,3 +222,24 @@ def test_passes_that_disagree_store_nothing_and_say_so_in_one_line(run_cli, pair
     final = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: not stored:")]
     assert len(again) == 2 and len(final) == 1 and "apart" in final[0] and "Traceback" not in r.stderr
     assert len(info["sweep"]["rounds"][-1]["candidates"][0]["ratios"]) == 3   # one pass, measured again twice
+
+
+def test_a_busy_machine_makes_llama_cpp_threads_wait_passively(monkeypatch):
+    """Spinning OpenMP threads on oversubscribed cores made one 32-token run take 74 s instead of
+    4 s; tune asks for passive waiting then, only when llama.cpp is not loaded yet and the user
+    did not choose a policy."""
+    import sys
+
+    from llamaspec.cli._output import Output
+    from llamaspec.cli.tune import _passive_when_busy
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "x")   # restored after the test
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    cores = os.cpu_count() or 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert _passive_when_busy(Output(), 1) is None and "OMP_WAIT_POLICY" not in os.environ
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 3.0, 0.0, 0.0))
+    assert _passive_when_busy(Output(), 1) == "PASSIVE" and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")   # the user's choice stays
+    assert _passive_when_busy(Output(), 1) is None and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

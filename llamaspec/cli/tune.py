@@ -91,6 +91,8 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
            reps: int | None, margin: float, max_spread: float, save: bool, threads: int | None, ctx: int,
            chat: bool | None, offline: bool, force_draft: bool, amx: bool | None) -> None:
     from llamaspec import hub
+
+    wait_policy = _passive_when_busy(out, threads)   # before llama.cpp (and its OpenMP) loads
     from llamaspec.runtime.llama import set_llama_log
     from llamaspec.bench.prompts import read_prompts
     from llamaspec.tune import store
@@ -121,6 +123,8 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
                                       plan=plan, on_run=progress.run, on_round=progress.round,
                                       on_unsteady=progress.unsteady)
     used["quick"], reps = quick, plan.passes
+    if wait_policy:
+        used["omp_wait_policy"] = wait_policy
     if result.best is not None:   # what came closest, also when plain decoding was chosen
         used["best"], used["best_ratio"] = result.best.candidate.label, result.best.score
     config = result.config(measured=used)
@@ -141,6 +145,28 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
         out.warn(escape(f"not stored: {result.unstable}, even measured again; the machine is too busy to "
                         f"tell: tune again when it is quieter, or with a larger -n"))
         raise typer.Exit(1)
+
+
+def _passive_when_busy(out: Output, threads: int | None) -> str | None:
+    """On a machine where other work already runs, llama.cpp's OpenMP threads spinning at each
+    barrier wait whole scheduler slices for a descheduled peer: measured here, 32 tokens of
+    SmolLM2 at -t 2 under a load of 11 took 74 s spinning and 4 s waiting passively. So when our
+    threads would not have the cores to themselves, they wait passively for this process (unless
+    OMP_WAIT_POLICY is set), and the store records it. Only before llama_cpp is loaded (libgomp
+    reads it once)."""
+    import os
+    import sys
+
+    if os.environ.get("OMP_WAIT_POLICY") or "llama_cpp" in sys.modules or not hasattr(os, "getloadavg"):
+        return None
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load + (threads or cores) <= cores + 0.5:
+        return None
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    out.info(f"the machine is busy (load {load:.1f} on {cores} cores): llama.cpp's threads wait passively "
+             "while tuning (OMP_WAIT_POLICY=PASSIVE), and ratios are noisier")
+    return "PASSIVE"
 
 
 @contextmanager
@@ -184,6 +210,10 @@ class _Progress:
             self.bar.stop()
 
     def round(self, name: str, total: int, later: int = 0) -> None:
+        import time
+
+        if not self.done:   # loading and warming up are not runs: the clock starts with the first round
+            self.started = time.monotonic()
         self.name, self.later = name, later
         if self.bar is not None:
             self.task = self.bar.add_task(f"tune: {name}", total=total, last="", eta="")

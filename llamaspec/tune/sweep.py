@@ -4,8 +4,8 @@ Successive halving, every run measured beside plain decoding (measure.py: each c
 between two plain runs on its prompt, its ratio over the faster of them):
 
 1. coarse: every spec type the pair allows, alone, at its defaults;
-2. chains: the best `chain_ngram` n-gram types chained with each model type that ran (a chain's
-   n-gram half only helps where that n-gram type drafts well alone);
+2. chains: the best `chain_ngram` n-gram types (quick: the best) chained with each model type
+   that ran (a chain's n-gram half only helps where that n-gram type drafts well alone);
 3. fine (skipped by `quick`): around the best few, one setting at a time: draft-max halved and
    doubled, p-min for drafting models, the n-gram match length halved and doubled; plus the best
    of each setting combined;
@@ -160,7 +160,7 @@ class Plan:
     margin: float = 0.05      # a candidate must beat plain by this much to be chosen
     keep: int = 3             # survivors of the coarse round refined in the fine round
     finalists: int = 3        # candidates confirmed
-    chain_ngram: int = 2      # n-gram types chained with the model types
+    chain_ngram: int = 2      # n-gram types chained with the model types (quick: 1)
     spread: float = 1.5       # the best candidate's passes must agree within this factor...
     retries: int = 2          # ...else the finalists are measured again, at most this many times
 
@@ -196,7 +196,8 @@ def run_sweep(runner: Runner, n_prompts: int, has_draft: bool, has_mtp: bool, pl
     # runs still to come after each round, estimated before they are planned (for the time left)
     confirm_runs = round_size(finalists, n_prompts, plan.passes)
     fine_runs = 0 if plan.quick else round_size(keep * 6, n_prompts, 1)
-    chain_runs = round_size(len(model_types) * min(plan.chain_ngram, len(ngram_types)), n_prompts, 1)
+    chain_runs = round_size(len(model_types) * min(1 if plan.quick else plan.chain_ngram, len(ngram_types)),
+                            n_prompts, 1)
     estimate = {"coarse": chain_runs + fine_runs + confirm_runs, "chains": fine_runs + confirm_runs,
                 "fine": confirm_runs}
 
@@ -210,7 +211,7 @@ def run_sweep(runner: Runner, n_prompts: int, has_draft: bool, has_mtp: bool, pl
 
     coarse = do("coarse", coarse_candidates(has_draft, has_mtp), 1)
     pool: dict[Candidate, Score] = {s.candidate: s for s in coarse.scores}
-    chains = chain_candidates(coarse, plan.chain_ngram)
+    chains = chain_candidates(coarse, 1 if plan.quick else plan.chain_ngram)   # quick: the best one
     if chains:
         pool.update({s.candidate: s for s in do("chains", chains, 1).scores})
     leaders = [s.candidate for s in _ranked(pool, rejected)[:keep]]
