@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from llamaspec.errors import GenerationInterrupted, LlamaspecError, UsageError  # noqa: F401 (API)
+from llamaspec.openai_api import OpenAIMethods
 
 if TYPE_CHECKING:
     from llamaspec.generation_options import GenerationOptions
@@ -74,7 +75,7 @@ def finish_reason(stop_reason: str) -> str:
     return {"eos": "stop", "stop": "stop"}.get(stop_reason, stop_reason)
 
 
-class Generator:
+class Generator(OpenAIMethods):
     """Loaded target (and draft) with the options of `llamaspec run`; see the module docstring.
 
     model: a GGUF path or Hub reference (None: the bundled SmolLM2). draft: a path, Hub reference,
@@ -95,7 +96,7 @@ class Generator:
                  repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int | None = None,
                  max_tokens: int = 256, stop: Sequence[str] = (), chat: bool | None = None,
                  system: str | None = None, offline: bool = False, force_draft: bool = False,
-                 search: Sequence[Path] = (), tuned: bool = True):
+                 search: Sequence[Path] = (), tuned: bool = True, spec_replace: Sequence[tuple[str, str]] = ()):
         from llamaspec.generation_options import GenerationOptions
         from llamaspec.speculative.verify import SamplingParams
 
@@ -104,6 +105,7 @@ class Generator:
         self._load(model, GenerationOptions(
             draft=draft, spec_type=spec_type, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
             adaptive=adaptive, ngram=ngram, force_draft=force_draft, search=tuple(search), offline=offline,
+            spec_replace=tuple((str(a), str(b)) for a, b in spec_replace),
             ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
             amx=amx, parallel=parallel, sampling=sampling, max_tokens=max_tokens, stop=stop, chat=chat,
             system=system), tuned)
@@ -148,7 +150,7 @@ class Generator:
                                    draft_min=o.draft_min, draft_p_min=draft_p_min, adaptive=o.adaptive,
                                    n_ctx=o.ctx_size, n_threads=o.threads, n_gpu_layers=o.n_gpu_layers,
                                    n_gpu_layers_draft=o.n_gpu_layers_draft, ngram=ngram,
-                                   amx=o.amx, n_seq=o.parallel)
+                                   amx=o.amx, n_seq=o.parallel, spec_replace=tuple(o.spec_replace))
         self.max_tokens, self.stop = o.max_tokens, list(o.stop)
         self.chat, self.system = o.chat, o.system
         self.pipeline = load_pipeline(r.target_path, self.options, self.sampling)
@@ -162,6 +164,14 @@ class Generator:
     def notes(self) -> list[str]:
         """One-line notes from resolution (what --draft auto chose and why)."""
         return list(self.resolved.notes)
+
+    @property
+    def model_name(self) -> str:
+        """The target's file name: what OpenAI-shaped responses and `serve`'s /v1/models call it."""
+        return self.resolved.target_path.name
+
+    def _request(self, fields: dict[str, Any]) -> "Request":
+        return Request(**fields)
 
     @property
     def n_ctx(self) -> int:
