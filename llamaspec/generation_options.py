@@ -43,6 +43,7 @@ class GenerationOptions:
     adaptive: bool = True
     ngram: "NgramParams | None" = None
     force_draft: bool = False
+    spec_replace: Sequence[tuple[str, str]] = ()   # translated drafting: (target text, draft text) pairs
     search: Sequence[Path] = ()
     offline: bool = False
     # loading

@@ -63,7 +63,11 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
 
             # Headers first (ranged reads for Hub refs): an incompatible draft is refused before
             # anything is downloaded.
-            check_explicit_draft(str(target_path), draft, force_draft, offline=offline)
+            verdict = check_explicit_draft(str(target_path), draft, force_draft, offline=offline)
+            if verdict.kind == "translated":
+                rule = verdict.failed[0]
+                r.notes.append(f"draft {draft} has another vocabulary ({rule.title} differs: {rule.detail}): "
+                               "drafting translated through text (the target's tokens stay the output)")
             r.draft_ref = draft
             r.draft_path = hub.resolve_model(draft, offline=offline)
             if not needs_draft_model(r.spec_types):
@@ -78,7 +82,8 @@ def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool =
     in one note which registry draft a pull would add."""
     from llamaspec.pairing.autodraft import TEXT_FALLBACK, choose_draft, text_fallback
 
-    choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline, dry_run=local_only)
+    choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline, dry_run=local_only,
+                          pays=lambda draft: _measured_to_pay(r.target_path, draft))
     if choice.would_download:
         pull = (f"llamaspec pull {r.target_ref} --draft auto" if _is_hub_ref(r.target_ref)
                 else f"llamaspec pull {choice.label}")
@@ -95,6 +100,14 @@ def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool =
             # and for free from the text itself, so both are chained, the text drafter first.
             kinds.append(TEXT_FALLBACK)
     r.spec_types = parse_spec_types(r.spec_types + kinds)
+
+
+def _measured_to_pay(target: Path, draft: str) -> bool:
+    """Did `llamaspec tune` measure a draft-model configuration of this pair faster than plain?"""
+    from llamaspec.tune.store import lookup
+
+    cfg = lookup(target, draft)
+    return cfg is not None and "draft" in cfg.spec_type and (cfg.ratio or 0.0) > 1.0
 
 
 def _draft_kind(path: Path) -> str:

@@ -70,7 +70,10 @@ def _render_verdict(v: dict, console) -> None:
         console.print(f"[bold green]compatible[/bold green]: the draft fits this target "
                       f"(--spec-type {v['draft_kind']})")
     elif v["compatible"]:
-        console.print("[bold green]compatible[/bold green]: llama.cpp would accept this pair")
+        console.print("[bold green]token-exact[/bold green]: compatible, llama.cpp would accept this pair (the fast path)")
+    elif v["kind"] == "translated":
+        console.print(f"[bold yellow]translated[/bold yellow]: another vocabulary ({v['failed_rule']} fails "
+                      "llama.cpp's rules); drafts go through text, at the cost of re-tokenizing each step")
     else:
         console.print(f"[bold red]incompatible[/bold red]: {escape(v['reason'])}")
 
@@ -84,16 +87,19 @@ def check_cmd(
     *,
     out: Output,
 ) -> None:
-    """Check whether DRAFT can draft for MAIN by llama.cpp's vocabulary rules (exit 0 yes, 1 no)."""
+    """Check whether DRAFT can draft for MAIN: token-exact by llama.cpp's vocabulary rules, or
+    translated (another vocabulary, drafts through text); exit 0 for both, 1 when it cannot draft."""
     from llamaspec.pairing.autodraft import check_refs
 
     verdict = check_refs(main, draft, offline=offline)
     data = verdict.to_dict()
-    quiet_line = "compatible" if verdict.compatible else f"incompatible: {verdict.failed_rule}"
+    kind = verdict.kind
+    quiet_line = {"token-exact": "token-exact" if verdict.draft_kind == "draft-simple" else "compatible"}.get(
+        kind, f"{kind}: {verdict.failed_rule}")
     out.data(data, human=lambda c: _render_verdict(data, c), quiet=quiet_line)
     for w in verdict.warnings:
         out.detail(w)
-    if not verdict.compatible:
+    if not verdict.can_draft:
         raise typer.Exit(EXIT_FAILURE)
 
 
@@ -114,6 +120,9 @@ def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: b
     vocab = vocab_from_header(header)
     roots = (discovery.default_roots() if default_dirs else []) + discovery.search_roots(search)
     candidates = discovery.scan(header, roots, target_vocab=vocab)
+    from llamaspec.pairing.translated_pairs import add_translated, kind_of
+
+    translated = add_translated(header, candidates, vocab)   # another vocabulary: drafts through text
 
     reg_data: dict = {"families": [], "pairs": [], "error": None}
     try:
@@ -147,11 +156,16 @@ def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: b
         "mtp": {"nextn_predict_layers": header.nextn_predict_layers, "sidecar": str(sidecar) if sidecar else None},
         "made_for": made_for,
         "registry": reg_data,
-        "on_disk": [c.to_dict() for c in sorted(shown, key=lambda c: (not c.compatible, c.size))],
+        "on_disk": [{**c.to_dict(), "kind": kind_of(c)} for c in sorted(
+            shown, key=lambda c: (_KIND_ORDER.index(kind_of(c)), c.size))],
         "scanned": {"roots": [{"path": str(r.path), "kind": r.kind} for r in roots], "files": len(candidates),
-                    "compared": len(compared), "compatible": sum(c.compatible for c in candidates)},
+                    "compared": len(compared), "compatible": sum(c.compatible for c in candidates),
+                    "translated": len(translated)},
         "auto": auto.to_dict(),
     }
+
+
+_KIND_ORDER = ("token-exact", "translated", "incompatible")
 
 
 def _targets_for_draft(draft, candidates) -> list[dict]:
@@ -221,17 +235,22 @@ def _render_pair(r: dict, console) -> None:
     s = r["scanned"]
     if r["on_disk"]:
         t = Table(title=f"on disk ({s['files']} GGUF files found, {s['compared']} compared, "
-                        f"{s['compatible']} compatible)", title_justify="left")
+                        f"{s['compatible']} token-exact, {s['translated']} translated)", title_justify="left")
         for col in ("file", "where", "size", "verdict"):
             t.add_column(col, overflow="fold")
         for c in r["on_disk"]:
             kind = "" if c["draft_kind"] == "draft-simple" else f" ({c['draft_kind']})"
-            verdict = (f"[green]compatible[/green]{kind}" if c["compatible"]
-                       else f"[red]no[/red]{kind}: {escape(c['reason'] or '')}")
+            if c["compatible"]:
+                verdict = f"[green]{'token-exact' if not kind else 'compatible'}[/green]{kind}"
+            elif c["kind"] == "translated":
+                verdict = (f"[yellow]translated[/yellow]: {c['verdict']['failed_rule']} differs "
+                           "(drafts through text)")
+            else:
+                verdict = f"[red]no[/red]{kind}: {escape(c['reason'] or '')}"
             t.add_row(escape(c["label"]), c["location"], _size(c["size"]), verdict)
         console.print(t)
     else:
-        console.print(f"[dim]on disk: {s['files']} GGUF files found, none compatible[/dim]")
+        console.print(f"[dim]on disk: {s['files']} GGUF files found, none that can draft[/dim]")
     a = r["auto"]
     target = a["path"] or a["label"] or a["kind"]
     console.print(f"[bold]--draft auto[/bold] → {a['kind']}: {escape(target)}")

@@ -12,7 +12,10 @@ Order (first that applies wins; each choice is named by llama.cpp's spec type):
                    architecture family first, very-low-bit quants last, then the smallest file;
   3. draft-simple  the registry's recommended draft for the target's family, checked on its Hub
                    header and downloaded through hub.resolve_model (never when offline); an entry
-                   with a `kind` (a registry EAGLE-3 draft) is chosen as that kind;
+                   with a `kind` (a registry EAGLE-3 draft) is chosen as that kind; pairs marked
+                   `translated` (another vocabulary: drafts through text) after every token-exact one;
+  3b. draft-simple a translated draft on disk that a measurement says pays (`pays`, the tune
+                   store: translated_pairs.pick_translated);
   4. prompt-lookup drafts from the text itself: needs no model, always available.
 Also `check_refs` (the compat verdict for two model references, headers only) and
 `check_explicit_draft` for a user-given draft: refuses an incompatible pair unless forced.
@@ -236,7 +239,8 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
         return None
     if all(m.family.mtp for m in matches):
         notes.append(f"registry: family {matches[0].family.name} is MTP-capable, but this file has no MTP heads")
-    suggestions = reg.suggestions(matches, header.n_params)
+    # token-exact drafts first: a translated pair costs re-tokenization every step
+    suggestions = sorted(reg.suggestions(matches, header.n_params), key=lambda s: bool(s.pair and s.pair.translated))
     if not suggestions:
         notes.append(f"registry: family {matches[0].family.name} lists no draft smaller than the target")
         return None
@@ -253,8 +257,9 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
             except LlamaspecError as exc:
                 notes.append(f"registry draft {d.label}: {exc.message}")
                 continue
-            if v.compatible:
-                return DraftChoice(d.kind, p, f"registry draft {d.id} from an installed package ({s.reason})",
+            if v.compatible or (s.pair and s.pair.translated and v.can_draft):
+                return DraftChoice(d.kind, p, f"registry draft {d.id} from an installed package ({s.reason}"
+                                   + ("; translated: another vocabulary" if not v.compatible else "") + ")",
                                    v, source="registry", label=d.label)
             notes.append(f"registry draft {d.label}: {v.reason}")
             continue
@@ -282,7 +287,7 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
         except LlamaspecError as exc:
             notes.append(f"registry draft {d.ref}: {exc.message}")
             continue
-        if not v.compatible:
+        if not (v.compatible or (s.pair and s.pair.translated and v.can_draft)):
             notes.append(f"registry draft {d.ref} does not match this target: {v.reason}")
             continue
         try:
@@ -304,8 +309,9 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
 def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Candidate] | None = None,
                       search_dirs: Iterable[str | os.PathLike[str]] = (), default_dirs: bool = True,
                       offline: bool = False, allow_download: bool = True, dry_run: bool = False,
-                      mtp_sidecars: bool = False) -> DraftChoice:
-    """`choose_draft` for an already-read target header (and optionally an already-done disk scan)."""
+                      mtp_sidecars: bool = False, pays=None) -> DraftChoice:
+    """`choose_draft` for an already-read target header (and optionally an already-done disk scan).
+    pays(path): does a measurement say that translated draft beats plain decoding (step 3b)?"""
     notes: list[str] = []
     choice = mtp_choice(header, sidecars=mtp_sidecars, notes=notes)
     if choice is not None:
@@ -331,6 +337,14 @@ def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Cand
     if choice is not None:
         return DraftChoice(choice.kind, choice.path, choice.reason, choice.verdict, choice.source, choice.label,
                            tuple(notes), choice.would_download)
+    from llamaspec.pairing.translated_pairs import add_translated, pick_translated
+
+    add_translated(header, candidates, vocab)
+    best, why = pick_translated(header, candidates, pays)
+    if best is not None:
+        return DraftChoice("draft-simple", best.path, why, best.verdict, source="disk", label=best.label,
+                           considered=tuple(notes))
+    notes.append(why)
     return text_fallback(tuple(notes))
 
 
@@ -349,7 +363,7 @@ def text_fallback(notes: Sequence[str]) -> DraftChoice:
 
 def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str]] = (), offline: bool = False,
                  allow_download: bool = True, default_dirs: bool = True, dry_run: bool = False,
-                 mtp_sidecars: bool = False) -> DraftChoice:
+                 mtp_sidecars: bool = False, pays=None) -> DraftChoice:
     """Resolve `--draft auto` for `target_ref` (a path or Hub ref); headers only, no weights loaded.
 
     offline forbids any network use; allow_download=False allows Hub header reads but no download;
@@ -360,7 +374,7 @@ def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str
 
     header = hub.read_model_header(target_ref, offline=offline)
     return choose_for_header(header, search_dirs=search_dirs, default_dirs=default_dirs, offline=offline,
-                             allow_download=allow_download, dry_run=dry_run, mtp_sidecars=mtp_sidecars)
+                             allow_download=allow_download, dry_run=dry_run, mtp_sidecars=mtp_sidecars, pays=pays)
 
 
 def check_refs(target_ref: str, draft_ref: str, *, offline: bool = False) -> Verdict:
@@ -385,12 +399,13 @@ def check_refs(target_ref: str, draft_ref: str, *, offline: bool = False) -> Ver
 def check_explicit_draft(target: str, draft: str, force: bool = False, *, offline: bool = False) -> Verdict:
     """Check a user-given draft against the target; raise IncompatiblePairError unless `force`.
 
-    With force, an incompatible pair only warns: output stays the target's own (it verifies every
+    A translated pair (another vocabulary, an ordinary model) is returned as it is: it drafts
+    through text. With force, an incompatible pair only warns: output stays the target's own (it verifies every
     token), but acceptance will be poor, and draft token ids beyond the target's vocabulary must be
     treated as rejections by the engine.
     """
     verdict = check_refs(target, draft, offline=offline)
-    if verdict.compatible:
+    if verdict.can_draft:
         return verdict
     if not force:
         raise IncompatiblePairError(

@@ -10,6 +10,14 @@ llama.cpp stops at the first failed rule and only says "vocab type must match"; 
 is evaluated and reported, with the first differing token and both texts. Softer facts (same
 architecture family, size ratio, chat template) are reported too but never decide the verdict.
 
+Two kinds of pair can draft (Verdict.kind):
+  token-exact   every rule passes: the draft's token ids are the target's (the fast path)
+  translated    an ordinary model (draft-simple) whose vocabulary fails a rule, while both sides
+                have a tokenizer: drafts go through text (speculative/drafters/translated.py),
+                at the cost of re-tokenizing a short tail of the text each step
+and `incompatible` is left for a pair that cannot draft at all (a draft made for another target,
+or a side without a vocabulary).
+
 A draft made for one target (EAGLE-3, DFlash, DSpark, Gemma 4 assistant: gguf/drafts.py) must
 also fit that target's shape, checked after the vocabulary rules (draft_fit_rules):
   target_arch    the assistant drafts for gemma4 only (it reads the target's embeddings and KV)
@@ -33,6 +41,7 @@ MAX_SIZE_DIFFERENCE = 128  # SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 CHECK_START_TOKEN_ID = 5   # SPEC_VOCAB_CHECK_START_TOKEN_ID
 
 RULES = ("vocab_type", "bos", "eos", "vocab_size", "token_text")  # llama.cpp's order
+KINDS = ("token-exact", "translated", "incompatible")
 
 RULE_TITLES = {
     "vocab_type": "vocabulary type",
@@ -102,6 +111,21 @@ class Verdict:
         return next(r for r in self.rules if r.rule == name)
 
     @property
+    def kind(self) -> str:
+        """token-exact (llama.cpp's rules pass), translated (an ordinary model with another
+        vocabulary: drafts through text) or incompatible (cannot draft at all)."""
+        if self.compatible:
+            return "token-exact"
+        sides = (self.target.get("vocab_type"), self.draft.get("vocab_type"))
+        if self.draft_kind == "draft-simple" and all(t not in (None, "NONE") for t in sides):
+            return "translated"
+        return "incompatible"
+
+    @property
+    def can_draft(self) -> bool:
+        return self.kind != "incompatible"
+
+    @property
     def reason(self) -> str:
         """One line: why the pair is (in)compatible."""
         if self.compatible:
@@ -111,7 +135,10 @@ class Verdict:
         first = self.failed[0]
         more = len(self.failed) - 1
         tail = f" (and {more} more rule{'s' if more > 1 else ''} failed)" if more else ""
-        return f"{first.title} differs: {first.detail}{tail}"
+        why = f"{first.title} differs: {first.detail}{tail}"
+        if self.kind == "translated":
+            return f"translated: {why}; drafts go through text (re-tokenized each step)"
+        return why
 
     @property
     def warnings(self) -> list[str]:
@@ -120,6 +147,7 @@ class Verdict:
     def to_dict(self) -> dict:
         return {
             "compatible": self.compatible,
+            "kind": self.kind,
             "failed_rule": self.failed_rule,
             "reason": self.reason,
             "rules": [r.to_dict() for r in self.rules],

@@ -103,10 +103,11 @@ class Pair:
     verified: dict | None = None  # date, how, main_file, draft_file, fingerprints (for verified/incompatible)
     note: str | None = None
     line: int = 0
+    translated: bool = False      # another vocabulary: drafts through text (compat.Verdict.kind)
 
     def to_dict(self) -> dict:
         d = {"main": self.main, "draft": self.draft, "status": self.status, "recommended": self.recommended,
-             "verified": self.verified, "note": self.note}
+             "verified": self.verified, "note": self.note, "translated": self.translated or None}
         return {k: v for k, v in d.items() if v is not None}
 
 

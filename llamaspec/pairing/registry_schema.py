@@ -287,7 +287,7 @@ def validate(data: Any, path: Path) -> dict:
     for i, raw in enumerate(pairs_raw):
         ln = pairs_raw.item_lines[i] if isinstance(pairs_raw, LineList) else v.line(top, "pairs")
         p = v.mapping(raw, ln, f"pairs[{i}]")
-        v.keys(p, f"pairs[{i}]", {"main", "draft", "status"}, {"recommended", "verified", "note"})
+        v.keys(p, f"pairs[{i}]", {"main", "draft", "status"}, {"recommended", "verified", "note", "translated"})
         main, draft = v.string(p, "main"), v.string(p, "draft")
         if roles.get(main) not in ("main", "both"):
             v.fail(v.line(p, "main"), f"pairs[{i}].main {brief(main)} is not a model with role main/both in this file")
@@ -314,8 +314,11 @@ def validate(data: Any, path: Path) -> dict:
             for key in ("main_file", "draft_file", "reason"):
                 v.string(rec, key, optional=True, what="verified.")
             record = plain(rec)
+        # translated: the draft has another vocabulary and drafts through text (compat.Verdict.kind);
+        # listing it says it pays for that main, so --draft auto may take it
         pairs.append(dict(main=main, draft=draft, status=status, recommended=v.boolean(p, "recommended"),
-                          verified=record, note=v.string(p, "note", optional=True), line=p.line))
+                          verified=record, note=v.string(p, "note", optional=True), line=p.line,
+                          translated=v.boolean(p, "translated")))
     if not mtp and not any(m["role"] in ("draft", "both") for m in models) and models:
         v.fail(v.line(top, "models"), "a family that is not mtp needs at least one draft model")
     return dict(name=name, path=path, description=description, architectures=archs, tokenizer=tokenizer,

@@ -246,3 +246,7 @@ class SpecOptions:
     ngram: NgramParams = field(default_factory=NgramParams)
     amx: bool | None = None    # --amx / --no-amx; None: LLAMASPEC_AMX or the default (cpu_policy.py)
     n_seq: int = 1             # sequences decoded together (batch --parallel); n_ctx is per sequence
+    # draft-simple with a draft of another vocabulary (drafters/translated.py): None decides from
+    # the loaded vocabularies (llama.cpp's rules); --spec-replace TARGET DRAFT pairs
+    translated: bool | None = None
+    spec_replace: tuple[tuple[str, str], ...] = ()

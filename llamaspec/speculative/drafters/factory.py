@@ -57,20 +57,38 @@ def _draft_model(opts, target, ctx, sampling) -> Built:
         raise UsageError("--spec-type draft needs a draft model", "pass --draft PATH (or --draft auto)")
     model = Model(opts.draft_path, n_gpu_layers=opts.n_gpu_layers_draft,  # AMX choice: the target's
                   amx=opts.amx if opts.amx is not None else getattr(target, "amx", None))
-    dctx = Ctx(model, ContextConfig(n_ctx=ctx.n_ctx, n_threads=opts.n_threads, n_seq_max=ctx.config.n_seq_max))
+    translated = _is_translated(opts, target, model)
+    # Another tokenizer may need more tokens for the same text (a quarter more, rounded to 256).
+    n_ctx = ctx.n_ctx if not translated else -(-ctx.n_ctx * 5 // 4 // 256) * 256
+    dctx = Ctx(model, ContextConfig(n_ctx=n_ctx, n_threads=opts.n_threads, n_seq_max=ctx.config.n_seq_max))
     # At T > 0 the draft samples from the target's sampling chain applied to its own logits and
     # hands over those probabilities, so verification can use rejection sampling.
     dist = None if sampling.greedy else (lambda row, recent: target_distribution(row, sampling, recent))
     # Decoding one token reads every weight once: sizes estimate the draft's cost per token.
     cost_hint = opts.draft_path.stat().st_size / max(1, target.path.stat().st_size)
-    drafter = ModelDrafter(dctx, p_min=opts.draft_p_min, distribution=dist, n_vocab=target.n_vocab,
-                           cost_hint=cost_hint)
+    if translated:
+        from llamaspec.speculative.drafters.translated import TranslatedDrafter
+
+        drafter = TranslatedDrafter(target, dctx, p_min=opts.draft_p_min, spec_replace=opts.spec_replace,
+                                    cost_hint=cost_hint)
+    else:
+        drafter = ModelDrafter(dctx, p_min=opts.draft_p_min, distribution=dist, n_vocab=target.n_vocab,
+                               cost_hint=cost_hint)
     # Sizes mislead on CPUs (a Q4 draft of an F16 target: a third of the bytes, nearly the time
     # of a target step here), so the controller starts from timed decodes instead: without them
     # it would learn the cost by drafting, which costs what it learns.
     if ctx.seq_pos_max(0) < 0:
         drafter.measured_cost = dctx.time_one_token(max(0, target.bos)) / ctx.time_one_token(max(0, target.bos))
     return Built(drafter, model)
+
+
+def _is_translated(opts, target, model) -> bool:
+    """Drafts must go through text when the vocabularies fail llama.cpp's token-exact rules."""
+    if opts.translated is not None:
+        return opts.translated
+    from llamaspec.speculative.drafters.translated import same_vocabulary
+
+    return not same_vocabulary(target, model)
 
 
 def _layer_reading_draft(opts, target, ctx, kind: str) -> Built:
