@@ -78,6 +78,10 @@ SPEC_TYPES: dict[str, SpecType] = {t.name: t for t in (
     # n-gram types, before the draft models, like them.
     SpecType("prompt-lookup", 5.5, aliases=("lookup",), draft_max=DRAFT_MAX_NGRAM, implemented=True,
              in_llama_cpp=False),
+    # llamaspec's own: suffix decoding over this request and the earlier requests of the batch job,
+    # server or chat (drafters/suffix.py); after prompt-lookup, so `suffix,prompt-lookup` copies
+    # from the request's text first and the earlier requests fill in where it has no match.
+    SpecType("suffix", 5.6, draft_max=DRAFT_MAX_NGRAM, implemented=True, in_llama_cpp=False),
     SpecType("draft-simple", 6, aliases=("draft",), needs_draft_model=True, draft_max=DRAFT_MAX_MODEL,
              native_flags=(("-md", "draft_path"), ("--spec-draft-n-max", "native_draft_max")), implemented=True),
     SpecType("draft-eagle3", 7, needs_draft_model=True, draft_max=DRAFT_MAX_MODEL, implemented=True),

@@ -47,6 +47,12 @@ def _prompt_lookup(opts, target, ctx, sampling) -> Built:
                                      size_m=MAX_DRAFT))
 
 
+def _suffix(opts, target, ctx, sampling) -> Built:
+    from llamaspec.speculative.drafters.suffix import SuffixDrafter
+
+    return Built(SuffixDrafter(size_m=MAX_DRAFT))
+
+
 def _draft_model(opts, target, ctx, sampling) -> Built:
     from llamaspec.speculative.drafters.model import ModelDrafter
     from llamaspec.runtime.llama import Model
@@ -175,6 +181,7 @@ _BUILDERS: dict[str, Callable[..., Built]] = {
     "ngram-mod": _ngram_mod,
     "ngram-cache": _ngram_cache,
     "prompt-lookup": _prompt_lookup,
+    "suffix": _suffix,
     "draft-simple": _draft_model,
     "draft-mtp": _mtp,
     "draft-eagle3": _eagle3,

@@ -1,0 +1,114 @@
+"""`suffix`: suffix decoding across requests (SuffixDecoding, arXiv 2411.04975; llamaspec's own).
+
+Not one of llama.cpp's types (an open PR, #26283, adds one); vLLM has it through Arctic
+Inference. A batch job, a server or a chat keeps one drafter for its whole life, and their
+answers repeat each other: the same JSON schema, the same SQL shape, the same boilerplate. So the
+drafter keeps two indexes (suffix_tree.py: SuffixDecoding's frequency-counted suffix tree, read
+from n-gram positions):
+
+- a global one over the prompts and outputs of the requests that finished on this drafter,
+  bounded (`max_tokens`; the oldest requests are evicted), filled at `end(seq_id)`;
+- one per running request over its prompt and output so far (what prompt-lookup searches).
+
+Each step both propose their best-scoring draft (frequency-scored path, sized by the match
+length: `factor * L + offset`, cut where the path probability falls below `min_prob`); the
+higher score wins, the request's own on ties. The draft carries `match` = L, so the engine's
+per-match-length controller sizes it (match_controller.py). Lossless like every type: the target
+verifies each draft.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from llamaspec.speculative.drafters.base import Draft, Drafter, announce
+from llamaspec.speculative.drafters.suffix_tree import SuffixIndex, speculate
+
+__all__ = ["SuffixDrafter", "DEFAULT_MAX_TOKENS"]
+
+#: tokens of finished requests the global index keeps (a few MB: ~100 bytes a token)
+DEFAULT_MAX_TOKENS = 1 << 17
+
+
+class _Seq:
+    def __init__(self, n: int, prompt: Sequence[int]):
+        self.tokens = list(prompt)          # prompt + every token appended: what end() stores
+        self.index = SuffixIndex(n)         # over the history seen by propose
+        self.seen = 0                       # history tokens in `index`
+        self.first = prompt[0] if len(prompt) else None
+
+
+class SuffixDrafter(Drafter):
+    """Drafts from this request's text and from the requests that finished before it (see the
+    module docstring). The global index outlives requests: it lives as long as the drafter."""
+
+    name = "suffix"
+    sizes_by_match = True
+
+    def __init__(self, n_min: int = 2, n_max: int = 32, size_m: int = 64, *, factor: float = 1.0,
+                 offset: float = 0.0, min_prob: float = 0.1, max_tokens: int = DEFAULT_MAX_TOKENS):
+        if not 1 <= n_min <= n_max or size_m < 1 or max_tokens < 1 or not 0.0 <= min_prob <= 1.0:
+            raise ValueError("suffix needs 1 <= n_min <= n_max, size_m >= 1, max_tokens >= 1, 0 <= min_prob <= 1")
+        self.n_min, self.n_max, self.size_m = n_min, n_max, size_m
+        self.factor, self.offset, self.min_prob = factor, offset, min_prob
+        self.tree = SuffixIndex(n_min, max_tokens)
+        self._seqs: dict[int, _Seq] = {}
+
+    # -- life cycle -------------------------------------------------------------------------
+    def begin(self, seq_id: int, prompt_tokens: Sequence[int],
+              rng: np.random.Generator | None = None) -> None:
+        self._seqs[seq_id] = _Seq(self.n_min, prompt_tokens)
+
+    def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int],
+                 is_other: bool = False) -> None:
+        s = self._seqs.get(seq_id)
+        if s is not None:
+            s.tokens.extend(int(t) for t in new_tokens)
+
+    def end(self, seq_id: int) -> None:
+        # The request's prompt and output join the global index for the requests after it.
+        s = self._seqs.pop(seq_id, None)
+        if s is not None and len(s.tokens) > self.n_min:
+            self.tree.add(s.tokens)
+
+    def close(self) -> None:
+        self._seqs.clear()
+
+    # -- drafting ---------------------------------------------------------------------------
+    def _local(self, seq_id: int, history: Sequence[int]) -> _Seq:
+        """This request's index, brought up to `history` (rebuilt if history is not its text)."""
+        s = self._seqs.get(seq_id)
+        if s is None or s.seen > len(history) or (len(history) and history[0] != s.first):
+            s = self._seqs[seq_id] = _Seq(self.n_min, history)
+        if s.seen < len(history):
+            s.index.extend(history[s.seen:])
+            s.seen = len(history)
+        return s
+
+    def find(self, seq_id: int, history: Sequence[int]):
+        """The better of this request's and the global index's drafts (a SuffixDraft), at most
+        size_m tokens."""
+        s = self._local(seq_id, history)
+        kw = dict(factor=self.factor, offset=self.offset, min_prob=self.min_prob, n_max=self.n_max)
+        # the request's own text: a match must end before its last token (that is the context)
+        local = speculate(s.index, history, self.size_m, before=s.index.end - 1, **kw)
+        if not self.tree.texts:
+            return local
+        glob = speculate(self.tree, history, self.size_m, **kw)
+        return glob if glob.score > local.score else local
+
+    def propose_within(self, seq_id: int, history: Sequence[int],
+                       limit: Callable[..., int]) -> Draft:
+        announce(limit, self)   # looked for, and timed, even when nothing is found
+        d = self.find(seq_id, history)
+        if not d.tokens:
+            return Draft([], None, self.name)
+        k = limit(self, d.match)
+        if k <= 0:
+            return Draft([], None, self.name)
+        return Draft(d.tokens[:k], None, self.name, match=d.match)
+
+    def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
+        return self.propose_within(seq_id, history, lambda d, match=None: n_max)
