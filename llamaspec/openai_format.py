@@ -69,6 +69,9 @@ UNSUPPORTED = {
     "logit_bias": lambda v: not v, "presence_penalty": lambda v: not v, "frequency_penalty": lambda v: not v,
     "audio": _off, "modalities": lambda v: v is None or v == ["text"], "prediction": _off,
     "grammar": _off, "json_schema": _off,
+    # vLLM's extras, seen in batch files written for vLLM's run-batch
+    "guided_json": _off, "guided_regex": _off, "guided_choice": _off, "guided_grammar": _off,
+    "use_beam_search": _off,
 }
 
 
@@ -79,7 +82,8 @@ def check_unsupported(body: dict) -> None:
                                "llamaspec gives one plain-text choice per request", key)
 
 
-def _jtype(v: Any) -> str:
+def jtype(v: Any) -> str:
+    """JSON's name for a value's type, as the user wrote it."""
     if v is None or isinstance(v, bool):
         return "null" if v is None else "boolean"
     return {str: "string", int: "number", float: "number", list: "array", dict: "object"}.get(type(v), "value")
@@ -88,19 +92,19 @@ def _jtype(v: Any) -> str:
 def _int(body: dict, key: str) -> int | None:
     v = body.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-        raise RequestError(f"{key} must be an integer, got {_jtype(v)}", key)
+        raise RequestError(f"{key} must be an integer, got {jtype(v)}", key)
     return v
 
 
 def _num(body: dict, key: str) -> float | None:
     v = body.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-        raise RequestError(f"{key} must be a number, got {_jtype(v)}", key)
+        raise RequestError(f"{key} must be a number, got {jtype(v)}", key)
     return None if v is None else float(v)
 
 
 def _content(v: Any, i: int) -> str:
-    """A message's content: a string, or content parts of type text (joined)."""
+    """A message's content: a string, or content parts of type text (joined by newlines)."""
     where = f"messages[{i}].content"
     if isinstance(v, str):
         return v
@@ -110,28 +114,31 @@ def _content(v: Any, i: int) -> str:
         texts = []
         for j, part in enumerate(v):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else _jtype(part)
+                kind = part.get("type") if isinstance(part, dict) else jtype(part)
                 raise RequestError(f"{where}[{j}]: only text content parts are supported, got {kind!r}", "messages")
             texts.append(part["text"])
-        return "".join(texts)
-    raise RequestError(f"{where} must be a string or an array of text parts, got {_jtype(v)}", "messages")
+        return "\n".join(texts)   # as vLLM joins text parts
+    raise RequestError(f"{where} must be a string or an array of text parts, got {jtype(v)}", "messages")
 
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 def parse_messages(v: Any) -> list[dict]:
     if not isinstance(v, list) or not v:
-        raise RequestError(f"messages must be a non-empty array of {{role, content}}, got {_jtype(v)}", "messages")
+        raise RequestError(f"messages must be a non-empty array of {{role, content}}, got {jtype(v)}", "messages")
     out = []
     for i, m in enumerate(v):
         if not isinstance(m, dict):
-            raise RequestError(f"messages[{i}] must be an object, got {_jtype(m)}", "messages")
+            raise RequestError(f"messages[{i}] must be an object, got {jtype(m)}", "messages")
         role = m.get("role")
         if role not in ROLES:
             raise RequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}", "messages")
         if m.get("tool_calls"):
             raise RequestError(f"messages[{i}].tool_calls: tool calls are not supported", "messages")
+        if m.get("content") is None and role != "assistant":   # only an assistant turn may be empty
+            raise RequestError(f"messages[{i}].content must be a string or an array of text parts, got null",
+                               "messages")
         out.append({"role": ROLES[role], "content": _content(m.get("content"), i)})
     return out
 
@@ -141,7 +148,7 @@ def _stop(v: Any) -> list[str] | None:
         return None
     items = [v] if isinstance(v, str) else v
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise RequestError(f"stop must be a string or an array of strings, got {_jtype(v)}", "stop")
+        raise RequestError(f"stop must be a string or an array of strings, got {jtype(v)}", "stop")
     return [s for s in items if s] or None   # OpenAI ignores empty stop strings
 
 
@@ -151,13 +158,13 @@ def _prompt(v: Any) -> str:
     if isinstance(v, list) and len(v) > 1:
         raise RequestError("prompt: one prompt per request (an array of prompts is not supported)", "prompt")
     if not isinstance(v, str):
-        raise RequestError(f"prompt must be a string, got {_jtype(v)}", "prompt")
+        raise RequestError(f"prompt must be a string, got {jtype(v)}", "prompt")
     return v
 
 
 def _parse(body: Any, kind: str) -> Parsed:
     if not isinstance(body, dict):
-        raise RequestError(f"the request body must be a JSON object, got {_jtype(body)}")
+        raise RequestError(f"the request body must be a JSON object, got {jtype(body)}")
     check_unsupported(body)
     if kind == CHAT:
         if "messages" not in body:
@@ -174,13 +181,13 @@ def _parse(body: Any, kind: str) -> Parsed:
         raise RequestError(f"{key} must be >= 0, got {max_tokens}", key)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise RequestError(f"stream must be a boolean, got {_jtype(stream)}", "stream")
+        raise RequestError(f"stream must be a boolean, got {jtype(stream)}", "stream")
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
-        raise RequestError(f"stream_options must be an object, got {_jtype(opts)}", "stream_options")
+        raise RequestError(f"stream_options must be an object, got {jtype(opts)}", "stream_options")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise RequestError(f"model must be a string, got {_jtype(model)}", "model")
+        raise RequestError(f"model must be a string, got {jtype(model)}", "model")
     req = dict(prompt=prompt, max_tokens=max_tokens, temperature=_num(body, "temperature"), top_p=_num(body, "top_p"),
                   seed=_int(body, "seed"), stop=_stop(body.get("stop")), chat=chat, top_k=_int(body, "top_k"),
                   min_p=_num(body, "min_p"), repeat_penalty=_num(body, "repeat_penalty"))

@@ -100,7 +100,7 @@ def test_openai_text_content_parts_are_joined():
 
 def test_ids_derived_from_line_numbers_and_stringified():
     items = parse_requests(['{"prompt": "a"}', "", "   \r", '{"id": 5, "prompt": "b"}',
-                            '{"prompt": "c"}\n', oa({"messages": [{"role": "u", "content": "x"}]},
+                            '{"prompt": "c"}\n', oa({"messages": [{"role": "user", "content": "x"}]},
                                                     custom_id=None),
                             json.dumps({"custom_id": 12, "url": "/v1/completions",
                                         "body": {"prompt": "p"}})])
@@ -143,12 +143,12 @@ MALFORMED = [
     ('{"id": [1], "prompt": "x"}', "id must be a non-empty string or an integer, got array"),
     ('{"messages": "hi"}', "messages must be a non-empty array"),
     ('{"messages": []}', "messages must be a non-empty array"),
-    ('{"messages": ["hi"]}', "messages[0] must be an object with a string role, got string"),
-    ('{"messages": [{"content": "hi"}]}', "messages[0] must be an object with a string role"),
+    ('{"messages": ["hi"]}', "messages[0] must be an object, got string"),
+    ('{"messages": [{"content": "hi"}]}', "messages[0].role must be one of"),
     ('{"messages": [{"role": "user", "content": 1}]}', "messages[0].content must be a string"),
-    ('{"messages": [{"role": "user"}]}', "messages[0].content must be a string, got null"),
+    ('{"messages": [{"role": "user"}]}', "messages[0].content must be a string or an array of text parts, got null"),
     ('{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}',
-     "only text parts"),
+     "only text content parts"),
     (oa({"input": "x"}, url="/v1/responses"), 'unsupported url "/v1/responses"'),
     (oa({"prompt": "x"}, url=None), "unsupported url null"),
     (oa({"prompt": "x"}, url=["/v1/completions"]), 'unsupported url ["/v1/completions"]'),
@@ -160,14 +160,14 @@ MALFORMED = [
     (oa({"prompt": "x"}), "body has no messages (url /v1/chat/completions)"),
     (oa({"messages": [{"role": "user", "content": "x"}]}, url="/v1/completions"),
      "body has no prompt (url /v1/completions)"),
-    (oa({"messages": [{"role": "u", "content": "x"}], "max_tokens": 4, "max_completion_tokens": 5}),
+    (oa({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "max_completion_tokens": 5}),
      "max_tokens (4) and max_completion_tokens (5) differ"),
-    (oa({"messages": [{"role": "u", "content": "x"}], "temperature": None, "top_p": -0.5}),
+    (oa({"messages": [{"role": "user", "content": "x"}], "temperature": None, "top_p": -0.5}),
      "top_p must be in"),
     ('{"prompt": "x", "top_k": 1.5}', "top_k must be an integer, got number"),
     ('{"prompt": "x", "min_p": 2}', "min_p must be in [0, 1]"),
     ('{"prompt": "x", "repeat_penalty": 0}', "repeat_penalty must be > 0"),
-    (oa({"messages": [{"role": "u", "content": "x"}], "temperature": -1}), "temperature must be in >= 0"),
+    (oa({"messages": [{"role": "user", "content": "x"}], "temperature": -1}), "temperature must be in >= 0"),
 ]
 
 # body fields asking for what the engine cannot give: a 400 record naming the field, never dropped
@@ -279,7 +279,7 @@ def test_openai_error_records():
         "param": None, "code": "context_length_exceeded"}}
     rec = error_record(req, "llama_decode failed", status=500)
     assert _openai_envelope(rec, "r-3", 500)["error"]["type"] == "server_error"
-    bad = parse_requests([oa({"messages": [{"role": "u", "content": "x"}]}), "{"])[1]
+    bad = parse_requests([oa({"messages": [{"role": "user", "content": "x"}]}), "{"])[1]
     assert _openai_envelope(error_record(bad, bad.message), "line-2", 400)["error"]["code"] is None
     ids = {error_record(req, "x")["id"] for _ in range(5)}
     assert len(ids) == 5  # batch_req ids are unique
@@ -373,8 +373,8 @@ def test_a_broken_line_before_the_last_is_refused(tmp_path):
 
 def test_failed_records_are_done_unless_retrying(tmp_path):
     path = tmp_path / "out.jsonl"
-    ok = one(oa({"messages": [{"role": "u", "content": "x"}]}, custom_id="ok"))
-    bad = one(oa({"messages": [{"role": "u", "content": "x"}]}, custom_id="bad"))
+    ok = one(oa({"messages": [{"role": "user", "content": "x"}]}, custom_id="ok"))
+    bad = one(oa({"messages": [{"role": "user", "content": "x"}]}, custom_id="bad"))
     own_bad = one('{"id": "own-bad", "prompt": "x"}')
     with OutputFile(path) as out:
         out.append(result_record(ok, "fine", "stop", STATS, "m"))

@@ -20,15 +20,17 @@ ALLOWED = {
     "pairing": {"errors", "gguf", "hub"},
     "runtime": {"errors", "gguf"},
     "speculative": {"errors", "gguf", "runtime"},
-    "batch": {"errors"},
+    # OpenAI's wire format (request fields, response objects): pure, shared by batch, serve, the API
+    "format": {"errors"},
+    "batch": {"errors", "format"},
     # measurement sits above the engine; tune sweeps with bench's runner
     "bench": {"errors", "gguf", "runtime", "speculative"},
     "tune": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "bench"},
-    "cli": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "api", "batch", "bench", "tune", "serve"},
-    "api": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "tune"},
+    "cli": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "api", "batch", "bench", "tune", "serve", "format"},
+    "api": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "tune", "format"},
     "testing": {"errors", "gguf", "hub", "runtime"},
     # the HTTP server: above the Python API (Generator, openai_format), below the CLI
-    "serve": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "tune", "api"},
+    "serve": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "tune", "api", "format"},
 }
 # the engine and everything below it never reach up into measurement or tuning
 BELOW_BENCH = {"gguf", "hub", "pairing", "runtime", "speculative"}
@@ -47,7 +49,7 @@ def _layer(module: str) -> str:
     if len(parts) == 1:
         return "api"
     # a top-level module (generator.py, resolve.py, ...) is the public API, a package its own layer
-    top = {"__main__": "cli", "_version": "errors", "errors": "errors"}
+    top = {"__main__": "cli", "_version": "errors", "errors": "errors", "openai_format": "format"}
     return top.get(parts[1], "api" if (PKG / f"{parts[1]}.py").is_file() else parts[1])
 
 

@@ -106,7 +106,7 @@ def test_chat_body_to_request_fields():
         "stop": "\n", "max_tokens": 9, "max_completion_tokens": 12,
         "stream": True, "stream_options": {"include_usage": True}, "n": 1, "logprobs": False})
     req = Request(**p.fields)
-    assert req.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    assert req.prompt == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi \nthere"}]   # text parts joined by newlines, as vLLM
     assert (req.temperature, req.top_p, req.top_k, req.min_p, req.repeat_penalty, req.seed) == (0, 0.5, 3, 0.1, 1.1, 4)
     assert req.stop == ["\n"] and req.max_tokens == 12   # max_completion_tokens wins
     assert req.chat is None and p.stream and p.include_usage and p.model == "anything"

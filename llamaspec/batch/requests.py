@@ -7,7 +7,7 @@ the same settings (`check_or_write_manifest`), skips what OUTPUT holds (`OutputF
 and appends one record per request (`result_record` / `error_record`). INPUT lines are
 llamaspec's form or, when they have "custom_id" or "body", the OpenAI batch form (vLLM's
 `run-batch`, OpenAI's Batch API). Unknown keys are ignored, except in an OpenAI body the fields
-that ask for what the engine cannot do (`n` > 1, `logprobs`, `tools`, ...: `UNSUPPORTED`), which
+that ask for what the engine cannot do (`n` > 1, `logprobs`, `tools`, ...: `openai_format.UNSUPPORTED`, the server's list), which
 make the line a failed record naming the field rather than be dropped silently:
 
     {"id": "q1", "prompt": "Hi", "max_tokens": 8, "temperature": 0, "seed": 1, "stop": "\\n",
@@ -37,7 +37,9 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import IO, Any, Iterable
 
+from llamaspec import openai_format as oa
 from llamaspec.errors import InputError
+from llamaspec.openai_format import jtype
 
 __all__ = ["Request", "LineError", "parse_requests", "read_input", "CHAT", "COMPLETIONS"]
 
@@ -89,33 +91,12 @@ class _Bad(Exception):
         self.param = param
 
 
-# OpenAI body fields the engine cannot honour, with the value that asks for nothing (a function:
-# True when the value is harmless). Dropping them silently would hand back something else than
-# what was asked for (one choice for n=4, no logprobs, free text for a JSON schema).
-def _off(v: Any) -> bool:
-    return v is None or v is False
-
-
-UNSUPPORTED = {
-    "n": lambda v: v is None or v == 1, "best_of": lambda v: v is None or v == 1,
-    "logprobs": _off, "top_logprobs": lambda v: v is None or v == 0, "echo": _off,
-    "stream": _off, "suffix": lambda v: v is None or v == "",
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "tools": lambda v: v is None or v == [], "tool_choice": lambda v: v is None or v == "none",
-    "functions": lambda v: v is None or v == [], "function_call": lambda v: v is None or v == "none",
-    "logit_bias": lambda v: not v, "presence_penalty": lambda v: not v, "frequency_penalty": lambda v: not v,
-    "audio": _off, "modalities": lambda v: v is None or v == ["text"], "prediction": _off,
-    "guided_json": _off, "guided_regex": _off, "guided_choice": _off, "guided_grammar": _off, "grammar": _off,
-    "json_schema": _off, "use_beam_search": _off,
-}
-
-
-def _jtype(v: Any) -> str:
-    """JSON's name for a value's type, as the user wrote it."""
-    if v is None or isinstance(v, bool):
-        return "null" if v is None else "boolean"
-    names = {str: "string", int: "number", float: "number", list: "array", dict: "object"}
-    return names.get(type(v), type(v).__name__)
+def _openai_checked(call, *args):
+    """openai_format's parsers (the ones `serve` uses), their RequestError as this line's error."""
+    try:
+        return call(*args)
+    except oa.RequestError as e:
+        raise _Bad(e.message, e.param) from None
 
 
 def _no_constant(name: str) -> Any:
@@ -125,7 +106,7 @@ def _no_constant(name: str) -> Any:
 def _int(d: dict, key: str, lo: int | None = None) -> int | None:
     v = d.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-        raise _Bad(f"{key} must be an integer, got {_jtype(v)}", key)
+        raise _Bad(f"{key} must be an integer, got {jtype(v)}", key)
     if v is not None and lo is not None and v < lo:
         raise _Bad(f"{key} must be at least {lo}, got {v}", key)
     return v
@@ -138,38 +119,12 @@ def _num(d: dict, key: str, hi: float | None = None, open_low: bool = True) -> f
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _Bad(f"{key} must be a number, got {_jtype(v)}", key)
+        raise _Bad(f"{key} must be a number, got {jtype(v)}", key)
     low_ok = 0 < v if open_low else 0 <= v
     if v < 0 or (hi is not None and not (low_ok and v <= hi)):
         where = ">= 0" if hi is None else f"{'(' if open_low else '['}0, {hi:g}]"
         raise _Bad(f"{key} must be in {where}, got {v}", key)
     return float(v)
-
-
-def _unsupported(body: dict) -> None:
-    for key, harmless in UNSUPPORTED.items():
-        if key in body and not harmless(body[key]):
-            raise _Bad(f"{key} is not supported (got {json.dumps(body[key])[:40]}): "
-                       "llamaspec gives one plain-text choice per request", key)
-
-
-def _messages(v: Any) -> list[dict]:
-    if not isinstance(v, list) or not v:
-        raise _Bad(f"messages must be a non-empty array of {{role, content}}, got {_jtype(v)}", "messages")
-    out = []
-    for i, m in enumerate(v):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise _Bad(f"messages[{i}] must be an object with a string role, got {_jtype(m)}", "messages")
-        c = m.get("content")
-        if isinstance(c, list):  # OpenAI content parts: text ones, joined with "\n" as vLLM does
-            if not all(isinstance(p, dict) and p.get("type") == "text"
-                       and isinstance(p.get("text"), str) for p in c):
-                raise _Bad(f"messages[{i}].content: only text parts are supported", "messages")
-            c = "\n".join(p["text"] for p in c)
-        if not isinstance(c, str):
-            raise _Bad(f"messages[{i}].content must be a string, got {_jtype(c)}", "messages")
-        out.append({"role": m["role"], "content": c})
-    return out
 
 
 def _stop(v: Any) -> list[str]:
@@ -190,14 +145,16 @@ def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
         raise _Bad('give "prompt" or "messages", not both' if prompt is not None
                    else 'no "prompt" or "messages"')
     if prompt is not None and not isinstance(prompt, str):
-        raise _Bad(f"prompt must be a string, got {_jtype(prompt)}", "prompt")
+        raise _Bad(f"prompt must be a string, got {jtype(prompt)}", "prompt")
     max_tokens, max_completion = _int(d, "max_tokens", 1), _int(d, "max_completion_tokens", 1)
     if None not in (max_tokens, max_completion) and max_tokens != max_completion:
         raise _Bad(f"max_tokens ({max_tokens}) and max_completion_tokens ({max_completion}) differ",
                    "max_tokens")
     if openai is not None:
-        _unsupported(d)
-    return Request(rid, line, prompt, None if messages is None else _messages(messages),
+        _openai_checked(oa.check_unsupported, d)
+        if d.get("stream"):   # a batch record is one response, not a stream
+            raise _Bad("stream is not supported in a batch job (got true)", "stream")
+    return Request(rid, line, prompt, None if messages is None else _openai_checked(oa.parse_messages, messages),
                    max_completion if max_completion is not None else max_tokens,
                    _num(d, "temperature"), _int(d, "seed"), _stop(d.get("stop")),
                    _num(d, "top_p", 1.0), openai, _int(d, "top_k"), _num(d, "min_p", 1.0, open_low=False),
@@ -227,13 +184,13 @@ def _parse_line(text: str | bytes, line: int) -> Request | LineError:
             where = f" at column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
             raise _Bad(f"invalid JSON: {getattr(e, 'msg', e)}{where}") from None
         if not isinstance(obj, dict):
-            raise _Bad(f"a line must be a JSON object, got {_jtype(obj)}")
+            raise _Bad(f"a line must be a JSON object, got {jtype(obj)}")
         is_openai = "custom_id" in obj or "body" in obj  # "url" alone may be a dataset's field
         key = "custom_id" if is_openai else "id"
         v = obj.get(key)
         if v is not None:
             if not (isinstance(v, str) and v or isinstance(v, int) and not isinstance(v, bool)):
-                raise _Bad(f"{key} must be a non-empty string or an integer, got {_jtype(v)}")
+                raise _Bad(f"{key} must be a non-empty string or an integer, got {jtype(v)}")
             rid = str(v)
         if not is_openai:
             form = None
@@ -247,7 +204,7 @@ def _parse_line(text: str | bytes, line: int) -> Request | LineError:
             raise _Bad(f"unsupported url {json.dumps(url)}: "
                        "use /v1/chat/completions or /v1/completions")
         if not isinstance(obj.get("body"), dict):
-            raise _Bad(f"body must be an object, got {_jtype(obj.get('body'))}")
+            raise _Bad(f"body must be an object, got {jtype(obj.get('body'))}")
         return _request(obj["body"], rid, line, kind)
     except _Bad as e:
         return LineError(rid, line, str(e), form, e.param)
