@@ -91,45 +91,14 @@ def check_stop(value, name: str = "stop") -> tuple[str, ...]:
     return items
 
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-def check_messages(messages, name: str = "messages") -> list[dict]:
-    """Chat messages as the chat template wants them: [{"role", "content": str}], from OpenAI's
-    shapes too (content as a list of {"type": "text", "text": ...} parts, joined; `developer` is
-    OpenAI's newer name for `system`).
+def check_messages(messages) -> list[dict]:
+    """Chat messages as the chat template wants them, from OpenAI's shapes too (content parts,
+    `developer`): the parser the server and batch use (llamaspec/openai_format.py), so every way in
+    accepts and refuses the same messages.
 
         >>> check_messages([{"role": "user", "content": [{"type": "text", "text": "Hi"}]}])
         [{'role': 'user', 'content': 'Hi'}]
     """
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, (list, tuple)):
-        raise UsageError(f"{name} must be a list of chat messages, not {type(messages).__name__}")
-    if not messages:
-        raise UsageError(f"{name} is empty", "give at least one message, e.g. {'role': 'user', 'content': '...'}")
-    out = []
-    for i, m in enumerate(messages):
-        where = f"{name}[{i}]"
-        if not isinstance(m, dict):
-            raise UsageError(f"{where} must be an object with role and content, not {type(m).__name__}")
-        role = m.get("role")
-        if role not in ROLES:
-            raise UsageError(f"{where}.role must be one of {', '.join(ROLES)}, not {role!r}")
-        out.append({**m, "role": "system" if role == "developer" else role,
-                    "content": _content_text(m.get("content"), f"{where}.content")})
-    return out
+    from llamaspec.openai_format import parse_messages
 
-
-def _content_text(content, where: str) -> str:
-    if content is None:
-        return ""   # an assistant message that only called tools
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise UsageError(f"{where}[{j}] is a {kind!r} part; only text parts are supported")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise UsageError(f"{where} must be a string or a list of text parts, not {type(content).__name__}")
+    return parse_messages(messages)

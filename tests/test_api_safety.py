@@ -69,11 +69,11 @@ def test_request_values_the_cli_refuses_are_refused_naming_the_field(gen, field,
 
 
 @pytest.mark.parametrize("prompt, match", [(42, "prompt must be text or a list of chat messages, not int"),
-                                           ([], "messages is empty"),
+                                           ([], "messages must be a non-empty array"),
                                            ([{"content": "hi"}], r"messages\[0\]\.role"),
                                            ([{"role": "user", "content": 5}], r"messages\[0\]\.content"),
                                            ([{"role": "user", "content": [{"type": "image_url"}]}],
-                                            "only text parts")])
+                                            "only text content parts")])
 def test_bad_prompts_are_usage_errors(gen, prompt, match):
     with pytest.raises(UsageError, match=match):
         gen.generate(prompt)
@@ -84,14 +84,14 @@ def test_openai_content_parts_work_in_generate(tiny_models):
         if g.pipeline.target.chat_template is None:
             pytest.skip("the tiny target has no chat template")
         parts = g.generate([{"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}])
-        plain = g.generate([{"role": "user", "content": "Hello"}])
+        plain = g.generate([{"role": "user", "content": "Hel\nlo"}])   # text parts joined by newlines
     assert parts.tokens == plain.tokens and parts.n_prompt == plain.n_prompt
 
 
 def test_content_parts_on_the_real_model(smollm2_q4):
     with Generator(smollm2_q4, spec_type="none", temperature=0, max_tokens=6, threads=1) as g:
         parts = g.generate([{"role": "user", "content": [{"type": "text", "text": "Name a "}, {"type": "text", "text": "colour."}]}])
-        plain = g.generate([{"role": "user", "content": "Name a colour."}])
+        plain = g.generate([{"role": "user", "content": "Name a \ncolour."}])
     assert parts.tokens == plain.tokens and parts.text == plain.text
 
 
