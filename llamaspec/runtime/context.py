@@ -47,6 +47,14 @@ class Context:
             p.ctx_type = ctx_type
         if ctx_other is not None:
             p.ctx_other = ctx_other
+        # Several sequences share one unified KV cache. Split per sequence (llama.cpp's default),
+        # a batch is cut into ubatches of consecutive sequence ids with equally many tokens each:
+        # the verify rows of 4 sequences drafting 1, 5, 1 and 3 tokens, or sequences 1, 3, 0, 2,
+        # cost 3 forward passes instead of one. Unified, any batch is one pass; each sequence is
+        # still held to n_ctx / n_seq_max positions (n_ctx_seq below), so they always fit.
+        unified = config.n_seq_max > 1
+        if unified:
+            p.kv_unified = True
         _LOG_TAIL.clear()
         self.ptr = llama_cpp.llama_init_from_model(model.ptr, p)
         if not self.ptr:
@@ -54,9 +62,11 @@ class Context:
             raise ModelLoadError(f"could not create a llama.cpp context for {model.path.name}"
                                  + (f": {why}" if why else ""), "try a smaller --ctx-size")
         self.n_ctx = llama_cpp.llama_n_ctx(self.ptr)
-        # With several sequences each gets its own n_ctx / n_seq_max (llama.cpp's non-unified
-        # KV cache): the positions one sequence may use.
+        # The positions one sequence may use: n_ctx / n_seq_max with several sequences (the
+        # unified cache would let one take it all and leave another with no room mid-batch).
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self.ptr))
+        if unified:
+            self.n_ctx_seq = min(self.n_ctx_seq, self.n_ctx // config.n_seq_max)
         self.mem = llama_cpp.llama_get_memory(self.ptr)
         self.n_batch = config.n_batch
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, config.n_seq_max)
