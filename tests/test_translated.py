@@ -184,3 +184,17 @@ def test_pair_lists_a_translated_draft_on_disk(run_cli, gemma_f16, smollm2_q4, t
     assert any("translated draft" in n for n in rep["auto"]["considered"])
     human = run_cli("pair", gemma_f16, "--search", d, "--no-default-dirs")
     assert "translated" in human.stdout
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_run_cli_spec_replace_takes_two_values(run_cli, smollm2_f16, gemma_q4):
+    """`--spec-replace TARGET DRAFT` as llama.cpp had it, through `run` (chat mode: the tags matter)."""
+    common = ("run", smollm2_f16, "-p", "Name three colours.", "-n", "16", "--temp", "0", "-t", "1", "--json")
+    plain = run_cli(*common, "--spec-type", "none")
+    spec = run_cli(*common, "--draft", gemma_q4, "--fixed-draft", "--draft-max", "4",
+                   "--spec-replace", "<|im_start|>", "<start_of_turn>", "--spec-replace", "<|im_end|>", "<end_of_turn>")
+    assert plain.exit_code == 0 and spec.exit_code == 0, spec.stderr[-2000:]
+    assert spec.json()["tokens"] == plain.json()["tokens"] and spec.json()["drafted"] > 0
+    bad = run_cli(*common, "--draft", gemma_q4, "--spec-replace", "<|im_start|>")
+    assert bad.exit_code == 2 and "--spec-replace takes two values" in bad.stderr

@@ -25,7 +25,9 @@ def _debug_wanted(argv: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
+    from llamaspec.cli._generation import join_pairs
+
+    args = join_pairs(list(sys.argv[1:] if argv is None else argv))
     restore = install_signal_handlers()   # SIGTERM like Ctrl-C: partial results kept, exit 143
     try:
         try:

@@ -82,6 +82,11 @@ NgldOpt = Annotated[Optional[str], typer.Option(
     callback=_gpu_layers("-ngld"),
     help="Draft layers on the GPU; -1 or all: every layer. Default auto: all if they fit.")]
 SystemOpt = Annotated[Optional[str], typer.Option("--system", help="System message (chat mode).")]
+PAIR_SEP = "\x1f"   # main() joins `--spec-replace TARGET DRAFT` into one value (typer has no 2-value lists)
+SpecReplaceOpt = Annotated[Optional[list[str]], typer.Option(
+    "--spec-replace", metavar="TARGET DRAFT",
+    help="Translated drafting (a draft of another vocabulary): replace TARGET in the text the draft sees "
+         "with DRAFT, and back in its drafts (chat template tags). Repeatable; as llama.cpp's flag.")]
 SearchOpt = Annotated[Optional[list[Path]], typer.Option("--search", help="Also look here for drafts (--draft auto).")]
 
 
@@ -93,6 +98,13 @@ def _generation_options(**v: Any) -> "GenerationOptions":
     if v["draft_max"] is not None and v["draft_min"] > v["draft_max"]:
         raise UsageError(f"--draft-min {v['draft_min']} exceeds --draft-max {v['draft_max']}",
                          "--draft-min must be between 0 and --draft-max")
+    spec_replace = []
+    for value in v["spec_replace"] or ():
+        target, sep, draft = value.partition(PAIR_SEP)
+        if not sep or not target:
+            raise UsageError("--spec-replace takes two values", "--spec-replace TARGET DRAFT, e.g. "
+                             "--spec-replace '<start_of_turn>' '<|im_start|>'")
+        spec_replace.append((target, draft))
     sampling = SamplingParams(temperature=v["temp"], top_k=v["top_k"], top_p=v["top_p"], min_p=v["min_p"],
                               repeat_penalty=v["repeat_penalty"], repeat_last_n=v["repeat_last_n"], seed=v["seed"])
     return GenerationOptions(
@@ -100,7 +112,8 @@ def _generation_options(**v: Any) -> "GenerationOptions":
         draft_p_min=v["draft_p_min"], adaptive=not v["fixed_k"], force_draft=v["force_draft"],
         search=tuple(v["search"] or ()), offline=v["offline"], ctx_size=v["ctx_size"], threads=v["threads"],
         n_gpu_layers=v["ngl"], n_gpu_layers_draft=v["ngld"], amx=v["amx"], sampling=sampling,
-        max_tokens=v["n_predict"], stop=tuple(v["stop"] or ()), chat=v["chat"], system=v["system"])
+        max_tokens=v["n_predict"], stop=tuple(v["stop"] or ()), chat=v["chat"], system=v["system"],
+        spec_replace=tuple(spec_replace))
 
 
 # run and batch: the command gets `gen`, a GenerationOptions (the model, ngram and parallel apart).
@@ -112,5 +125,24 @@ generation_flags = _flag_group("gen", {
     "seed": (SeedOpt, None), "stop": (StopOpt, None), "ctx_size": (CtxSizeOpt, None), "threads": (ThreadsOpt, None),
     "ngl": (NglOpt, None), "ngld": (NgldOpt, None), "amx": (AmxOpt, None), "chat": (ChatOpt, None),
     "system": (SystemOpt, None), "offline": (OfflineOpt, False), "force_draft": (ForceDraftOpt, False),
-    "search": (SearchOpt, None),
+    "search": (SearchOpt, None), "spec_replace": (SpecReplaceOpt, None),
 }, _generation_options)
+
+
+def join_pairs(args: list[str]) -> list[str]:
+    r"""`--spec-replace A B` -> `--spec-replace A<sep>B`, so the parser sees one value per flag.
+
+        >>> join_pairs(["run", "--spec-replace", "<a>", "<b>", "-n", "4"])
+        ['run', '--spec-replace', '<a>\x1f<b>', '-n', '4']
+    """
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == "--":
+            return out + args[i:]
+        if args[i] == "--spec-replace" and len(args[i + 1:i + 3]) == 2:
+            out += [args[i], PAIR_SEP.join(args[i + 1:i + 3])]
+            i += 3
+            continue
+        out.append(args[i])
+        i += 1
+    return out
