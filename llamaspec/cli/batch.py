@@ -9,8 +9,10 @@ by another job: an flock on OUTPUT.lock) before any model loads.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -19,6 +21,7 @@ from llamaspec.cli._generation import generation_flags
 from llamaspec.cli._options import at_least, draft_size_warning, ngram_flags, output_flags
 from llamaspec.cli._output import Output
 from llamaspec.cli.app import app
+from llamaspec.errors import UsageError
 from llamaspec.speculative.options import NgramParams
 
 if TYPE_CHECKING:
@@ -45,6 +48,13 @@ def batch(
     force: Annotated[bool, typer.Option(
         "--force", help="Resume even if the model, settings or input changed.")] = False,
     retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Redo requests recorded as failed.")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(
+        "--ray", metavar="ADDRESS|auto",
+        help="Run on a Ray cluster (extra 'ray'): auto (RAY_ADDRESS, or the cluster `ray start` made here), "
+             "HOST:PORT or ray://HOST:PORT. This machine keeps writing OUTPUT.")] = None,
+    ray_workers: Annotated[Optional[int], typer.Option(
+        "--ray-workers", help="Ray actors (each loads the models once); default one per node.",
+        callback=at_least("--ray-workers", 1))] = None,
     *,
     gen: GenerationOptions,
     ngram: NgramParams,
@@ -54,22 +64,33 @@ def batch(
     from dataclasses import replace
 
     from llamaspec import batch as io
-    from llamaspec.generator import Generator, Request
+    from llamaspec.generator import Request
     from llamaspec.runtime.llama import set_llama_log
 
+    if ray_address is None and ray_workers is not None:
+        raise UsageError("--ray-workers needs --ray", "add --ray auto (or --ray HOST:PORT)")
+    if ray_address is not None:
+        from llamaspec.batch.ray_executor import require_ray
+
+        require_ray()   # the missing extra: one line before anything else
     lines = io.read_input(input)
     items = io.parse_requests(lines)  # duplicate ids: an error before any work
     io.check_output_path(output_path)   # a bad -o, and another job on it: before any model loads
+    if ray_address is not None:
+        from llamaspec.batch.ray_executor import connect
+
+        connect(ray_address)   # a dead address: one line, before OUTPUT or its lock exist
     with io.OutputLock(output_path):
         set_llama_log(out.verbose)
-        with Generator.from_options(model, replace(gen, ngram=ngram, parallel=parallel)) as g:
-            for note in g.notes:
+        opts = replace(gen, ngram=ngram, parallel=parallel)
+        with _engine(model, opts, ray_address, ray_workers) as (g, ident):
+            for note in ident["notes"]:
                 out.info(note)
-            if warning := draft_size_warning(g.resolved.target_path, g.resolved.draft_path):
+            if warning := draft_size_warning(ident["target_path"], ident["draft_path"]):
                 out.warn(warning)
             io.check_or_write_manifest(
-                output_path, _requested(g, gen, ngram), force, input=io.input_identity(input, lines, items),
-                recorded=io.recorded_ids(output_path), effective=_effective(g),
+                output_path, _requested(ident, gen, ngram), force, input=io.input_identity(input, lines, items),
+                recorded=io.recorded_ids(output_path), effective=_effective(ident),
                 lines_of={it.id: it.line for it in items})
             with io.OutputFile(output_path) as records:
                 done = records.done_ids(include_failed=not retry_failed)
@@ -93,7 +114,7 @@ def batch(
                             write(req.id, io.error_record(req, res.error.message, code=code))
                             out.warn(f"line {req.line} ({req.id}): {res.error.message}")
                         else:
-                            write(req.id, io.result_record(req, res.text, res.finish_reason, res.stats, str(g.resolved.target_ref)))
+                            write(req.id, io.result_record(req, res.text, res.finish_reason, res.stats, ident["target_ref"]))
                         progress.update(res)
                 except KeyboardInterrupt:   # (and SIGTERM): every finished record is in OUTPUT, fsynced
                     from llamaspec.cli._errors import interrupted_exit_code
@@ -134,25 +155,53 @@ def _engine_request(request_type, r, completions: str):
                         repeat_penalty=r.repeat_penalty)
 
 
-def _effective(g) -> dict:
+@contextmanager
+def _engine(model, opts: GenerationOptions, ray_address: str | None, ray_workers: int | None):
+    """(something with generate_many(requests, parallel=), what the job needs to know of what was
+    loaded): this process's Generator, or Ray actors each holding one (batch/ray_executor.py)."""
+    if ray_address is None:
+        from llamaspec.generator import Generator
+
+        with Generator.from_options(model, opts) as g:
+            r = g.resolved
+            yield g, {"target_path": r.target_path, "target_size": r.target_path.stat().st_size,
+                      "target_ref": str(r.target_ref), "draft_path": r.draft_path, "describe": g.describe(),
+                      "tuned": g.tuned, "notes": g.notes}
+        return
+    import ray
+
+    from llamaspec.batch.ray_executor import RayExecutor
+
+    try:
+        with RayExecutor(model, opts, workers=ray_workers) as ex:
+            ident = dict(ex.identity)
+            # (paths are the workers': the draft size warning reads them here only if they exist here too)
+            ident["notes"] = [*ident["notes"], f"ray: {len(ex.actors)} workers, models loaded"]
+            yield ex, ident
+    finally:
+        ray.shutdown()
+
+
+def _effective(ident: dict) -> dict:
     """What ran in effect where it can differ from what was asked (manifest information only)."""
-    d = g.describe()
+    d = ident["describe"]
     return {"spec_type": d["spec_type"], "draft": d["draft"], "draft_max": d["draft_max"],
-            "draft_p_min": d["draft_p_min"], "n_ctx": d["n_ctx"], "tuned": g.tuned}
+            "draft_p_min": d["draft_p_min"], "n_ctx": d["n_ctx"], "tuned": ident["tuned"]}
 
 
-def _requested(g, gen: GenerationOptions, ngram: NgramParams) -> dict:
+def _requested(ident: dict, gen: GenerationOptions, ngram: NgramParams) -> dict:
     """What the user asked for: the resume check's settings. Not what ran in effect (a stored
     `tune` configuration's spec type, the draft `auto` found): that goes into the manifest as
-    information, so `tune --forget` or a new draft on disk does not make the same command another job."""
-    import os
+    information, so `tune --forget` or a new draft on disk does not make the same command another job.
+    The same with or without --ray, so either may resume the other's OUTPUT."""
     from dataclasses import asdict
 
-    s, target = gen.sampling, g.resolved.target_path
+    s = gen.sampling
     draft = None if gen.draft is None else str(gen.draft)
     if draft is not None and os.path.exists(draft):
         draft = os.path.abspath(draft)
-    return {"model": str(target), "model_size": target.stat().st_size, "draft": draft, "spec_type": gen.spec_type,
+    return {"model": str(ident["target_path"]), "model_size": ident["target_size"], "draft": draft,
+            "spec_type": gen.spec_type,
             "draft_max": gen.draft_max, "draft_min": gen.draft_min, "draft_p_min": gen.draft_p_min,
             "adaptive": gen.adaptive, "ctx_size": gen.ctx_size, "temperature": s.temperature, "top_k": s.top_k,
             "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
