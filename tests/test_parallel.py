@@ -119,3 +119,39 @@ def test_parallel_4_gives_each_prompt_its_parallel_1_tokens_smollm2(smollm2_f16,
     finally:
         target.close()
     print("\n".join(notes))
+
+
+def test_a_draft_model_drafts_several_sequences_together(tiny_models, monkeypatch):
+    """At --parallel 4 the draft model drafts the 4 sequences' position i in one decode: 4 drafts of
+    4 tokens cost 4 forward passes of the draft (16 one sequence at a time), and each sequence gets
+    the draft it gets alone."""
+    from llamaspec.speculative.drafters.model import ModelDrafter
+
+    monkeypatch.setenv("LLAMA_BATCH_DEBUG", "1")
+    monkeypatch.setattr(llama_mod, "_LOG_TAIL", deque(maxlen=100_000))
+    model = Model(tiny_models["draft"])
+    histories = {s: [1, 2 + s, 3, 4 + s, 5] + [6] * s for s in range(4)}
+
+    def drafts(together: bool) -> tuple[list[list[int]], int]:
+        ctx = Context(model, ContextConfig(n_ctx=1024, n_threads=1, n_seq_max=4))
+        d = ModelDrafter(ctx)
+        try:
+            for s, h in histories.items():
+                d.begin(s, h)
+            llama_mod._LOG_TAIL.clear()
+            if together:
+                out = d.propose_many([(s, h, 4) for s, h in histories.items()])
+            else:
+                out = [d.propose(s, h, 4) for s, h in histories.items()]
+            return [x.tokens for x in out], sum("added ubatch" in line for line in llama_mod._LOG_TAIL)
+        finally:
+            d.close()
+
+    try:
+        alone, passes_alone = drafts(False)
+        together, passes_together = drafts(True)
+    finally:
+        model.close()
+    assert [len(t) for t in alone] == [4] * 4
+    assert together == alone
+    assert (passes_alone, passes_together) == (16, 4)

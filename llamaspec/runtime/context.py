@@ -139,12 +139,15 @@ class Context:
             i += m
         return n_out
 
-    def decode_many(self, segments: list[tuple[list[int], int, int]]) -> list[int]:
-        """Evaluate several sequences' tokens in ONE llama_decode, every token an output row.
+    def decode_many(self, segments: list[tuple[list[int], int, int]],
+                    outputs: Literal["all", "last"] = "all") -> list[int]:
+        """Evaluate several sequences' tokens in ONE llama_decode.
 
-        segments: (tokens, start_pos, seq_id) per sequence; together at most n_batch tokens
-        (the verify rows of every active sequence, llama.cpp's multi-sequence batch).
-        Returns each segment's first row in `logits(total)`.
+        segments: (tokens, start_pos, seq_id) per sequence, each non-empty; together at most
+        n_batch tokens (the verify rows of every active sequence, llama.cpp's multi-sequence batch).
+        outputs: "all" (every token an output row) or "last" (each segment's final token: a draft
+        model bringing several sequences up to date needs only their next-token rows).
+        Returns each segment's first row in `logits(rows)`, rows = total tokens or len(segments).
         """
         total = sum(len(t) for t, _, _ in segments)
         if total > self.n_batch:
@@ -155,9 +158,12 @@ class Context:
                                        f"{self.n_ctx_seq}", "raise --ctx-size or shorten the prompt / -n")
         firsts, j = [], 0
         slots, batch = self._seq_of_slot, self._batch
+        last = outputs == "last"
+        if last:
+            self._out[:total] = 0
         for toks, start, seq_id in segments:
             m = len(toks)
-            firsts.append(j)
+            firsts.append(len(firsts) if last else j)
             self._tok[j:j + m] = toks
             self._pos[j:j + m] = np.arange(start, start + m, dtype=np.int32)
             for i in range(j, j + m):
@@ -165,7 +171,10 @@ class Context:
                     batch.seq_id[i][0] = seq_id
                     slots[i] = seq_id
             j += m
-        self._out[:total] = 1
+            if last:
+                self._out[j - 1] = 1
+        if not last:
+            self._out[:total] = 1
         batch.n_tokens = total
         t0 = _perf()
         rc = llama_cpp.llama_decode(self.ptr, batch)

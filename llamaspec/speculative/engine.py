@@ -147,7 +147,10 @@ class SpecEngine:
     def _step(self, seqs: list["SequenceRun"]) -> None:
         """Draft for each sequence, verify all of them in one target batch, keep what was accepted."""
         budget = self.ctx.n_batch // len(seqs)  # [last] + draft of every sequence fits one batch
-        segments = [s.plan(budget - 1) for s in seqs]
+        if len(seqs) > 1 and hasattr(self.drafter, "propose_many"):
+            segments = self._plan_together(seqs, budget - 1)
+        else:
+            segments = [s.plan(budget - 1) for s in seqs]
         tb = time.perf_counter()
         if len(seqs) == 1:
             toks, start, seq_id = segments[0]
@@ -194,6 +197,40 @@ class SpecEngine:
             ctls[d.name] = MatchController(make, cost) if d.sizes_by_match else make(cost)
         return ctls
 
+    def _plan_together(self, seqs: list["SequenceRun"], k_max: int) -> list[tuple[list[int], int, int]]:
+        """`plan` of every sequence, their drafts made together (a draft model's propose_many: one
+        draft decode per position for all of them). Each sequence's length is its controller's
+        choice, as in `_propose`; the drafting time is shared equally by those that drafted."""
+        drafter, asks = self.drafter, []
+        for s in seqs:
+            k = s.draft_room(k_max)
+            n = min(k, s.ctls[drafter.name].choose(None)) if k > 0 and s.ctls else k
+            asks.append((k, n))
+        wanted = [(s.seq_id, s.history, n) for s, (_, n) in zip(seqs, asks) if n > 0]
+        t0 = time.perf_counter()
+        drafts = iter(drafter.propose_many(wanted) if wanted else ())
+        share = (time.perf_counter() - t0) / max(1, len(wanted))
+        segments = []
+        for s, (k, n) in zip(seqs, asks):
+            draft = self._shaped(next(drafts).truncated(n), k, s.config.draft_min) if n > 0 else _NO_DRAFT
+            if n > 0:
+                s.stats.record_call(drafter.name, share)
+            segments.append(s.planned(draft, share if n > 0 else 0.0))
+        return segments
+
+    def _shaped(self, draft: Draft, k: int, draft_min: int) -> Draft:
+        """A drafter's proposal cut to what the step can take."""
+        if len(draft) > k:
+            draft = draft.truncated(k)
+        # llama.cpp drops drafts shorter than --draft-min. Not a sampled draft verified by rejection
+        # sampling: its length depends on its tokens, so dropping the short ones would keep drafts
+        # by their tokens and bias the output. Such a draft is verified whatever its length.
+        if 0 < len(draft) < draft_min and draft.probs is None:
+            return _NO_DRAFT
+        if draft and max(draft.tokens) >= self.target.n_vocab:
+            draft = _valid_prefix(draft, self.target.n_vocab)  # a forced foreign-vocab draft
+        return draft
+
     def _propose(self, seq_id: int, history: list[int], k: int,
                  ctls: dict[str, DraftLengthController], draft_min: int, stats: SpecStats) -> Draft:
         """The drafter's proposal for this step, cut to k tokens (an empty Draft: a plain step).
@@ -218,16 +255,7 @@ class SpecEngine:
         t_end = time.perf_counter()
         for i, (name, t) in enumerate(asked):
             stats.record_call(name, (asked[i + 1][1] if i + 1 < len(asked) else t_end) - t)
-        if len(draft) > k:
-            draft = draft.truncated(k)
-        # llama.cpp drops drafts shorter than --draft-min. Not a sampled draft verified by rejection
-        # sampling: its length depends on its tokens, so dropping the short ones would keep drafts
-        # by their tokens and bias the output. Such a draft is verified whatever its length.
-        if 0 < len(draft) < draft_min and draft.probs is None:
-            return _NO_DRAFT
-        if draft and max(draft.tokens) >= self.target.n_vocab:
-            draft = _valid_prefix(draft, self.target.n_vocab)  # a forced foreign-vocab draft
-        return draft
+        return self._shaped(draft, k, draft_min)
 
     # -- sampling / verification ---------------------------------------------------------------
     @staticmethod

@@ -145,15 +145,22 @@ class SequenceRun:
 
     def plan(self, k_max: int) -> tuple[list[int], int, int]:
         """This step's draft; returns the batch segment ([last] + draft, start position, seq id)."""
+        k = self.draft_room(k_max)
+        ta = time.perf_counter()
+        draft = self.engine._propose(self.seq_id, self.history, k, self.ctls, self.config.draft_min, self.stats)
+        return self.planned(draft, time.perf_counter() - ta)
+
+    def draft_room(self, k_max: int) -> int:
+        """The most draft tokens this step may have (the step's part of the batch, -n, context)."""
         room = self.engine.ctx.n_ctx_seq - self.n_past - 1
         if room < 0:
             raise ContextFullError(f"context full: {self.n_past + 1} tokens needed, context size is "
                                    f"{self.engine.ctx.n_ctx_seq}", "raise --ctx-size or shorten the prompt / -n")
-        k = min(self.config.draft_max, self.config.max_tokens - len(self.out.tokens) - 1, room, k_max)
-        ta = time.perf_counter()
-        self._draft = self.engine._propose(self.seq_id, self.history, k, self.ctls, self.config.draft_min,
-                                           self.stats)
-        self._draft_s = time.perf_counter() - ta
+        return min(self.config.draft_max, self.config.max_tokens - len(self.out.tokens) - 1, room, k_max)
+
+    def planned(self, draft: Draft, draft_seconds: float) -> tuple[list[int], int, int]:
+        """Take this step's draft (drafted in `draft_seconds`); returns the batch segment."""
+        self._draft, self._draft_s = draft, draft_seconds
         d = self._draft.tokens
         self._state = self.engine.ctx.save_seq(self.seq_id) if (d and self.engine.target.needs_checkpoints) else None
         return [self.history[-1]] + d, self.n_past, self.seq_id
