@@ -13,6 +13,12 @@ Each server runs in turn as a subprocess on a free 127.0.0.1 port; the script wa
                        (llama.cpp's default parameters) and, with --draft, draft-simple -md DRAFT;
                        --native-spec "ARGS" (repeatable) replaces the candidates, one skips the probe
 
+On a CPU with AMX, llama-server puts weights in ggml's AMX buffer by default (F16 ones too), and
+with a quantized draft it segfaults in ggml_backend_amx_mul_mat at start-up (llama.cpp issue 20824;
+llamaspec never uses that buffer, README "CPUs with AMX"): its draft-simple candidate gets
+--no-repack there (no extra buffer types, as llamaspec). --native-args "ARGS" adds arguments to
+every llama-server run (--native-args=--no-repack: llama-server on llamaspec's weight layout).
+
 CTX is llamaspec's context per slot (from its start-up line): llama-server splits -c across slots.
 
 Load: C client threads, each sending R requests one after another to /v1/chat/completions: the
@@ -60,6 +66,13 @@ class BenchError(Exception):
 def code_prompts() -> list[tuple[str, str]]:
     """(name, text) of the bundled code-rewrite prompts: the presets backed by a prompts/*.txt file."""
     return [(name, preset_text(name)) for name, value in PROMPT_PRESETS.items() if value.endswith(".txt")]
+
+
+def cpu_has_amx() -> bool:
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
 
 
 def free_port() -> int:
@@ -212,6 +225,7 @@ def main() -> int:
     ap.add_argument("--native-bin", type=Path, help="directory with llama.cpp's llama-server (omitted: llamaspec only)")
     ap.add_argument("--native-spec", action="append", metavar="ARGS",
                     help="llama-server speculative arguments to probe (repeatable; one: no probe)")
+    ap.add_argument("--native-args", default="", metavar="ARGS", help="added to every llama-server command")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=4, help="requests per client, one after another")
     ap.add_argument("-n", type=int, default=128, help="max_tokens per request")
@@ -267,12 +281,13 @@ def main() -> int:
             record("llamaspec", "draft", cmd, r, "--draft DRAFT")
         if native is not None:
             base = [str(native), "-m", model, "-np", str(np_), "-t", t, "-c", str(np_ * ctx), "--temp", "0",
-                    "--no-webui", "-ngl", "0"]
+                    "--no-webui", "-ngl", "0", *shlex.split(args.native_args)]
             r = measure(Server("llama-server plain", base, logdir), prompts, **load)
-            record("llama-server", "plain", base, r)
+            record("llama-server", "plain", base, r, args.native_args or "defaults")
             cands = [shlex.split(s) for s in args.native_spec] if args.native_spec else list(NATIVE_CANDIDATES)
             if args.draft and not args.native_spec:
-                cands.append(["--spec-type", "draft-simple", "-md", str(args.draft)])
+                no_amx = [] if "--no-repack" in base or not cpu_has_amx() else ["--no-repack"]
+                cands.append(["--spec-type", "draft-simple", "-md", str(args.draft), *no_amx])
             best = cands[0]
             if len(cands) > 1:
                 best_tps = -1.0
