@@ -27,6 +27,7 @@ import os
 import socket
 import zlib
 from collections import deque
+from contextlib import suppress
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -75,13 +76,14 @@ def _bootstrap_address(address: str | None) -> str | None:
     return canonicalize_bootstrap_address_or_die(address)
 
 
-def connect(address: str | None) -> None:
+def connect(address: str | None) -> bool:
     """ray.init on `address` ("auto", host:port, ray://host:port, "local"; None: Ray's default),
     with Ray's own logging held back. A cluster that does not answer is a UsageError of one line
-    within PROBE_SECONDS (Ray alone would retry for minutes, logging each attempt)."""
+    within PROBE_SECONDS (Ray alone would retry for minutes, logging each attempt). False when
+    this process was connected already (the caller then leaves ray.shutdown to its owner)."""
     ray = require_ray()
     if ray.is_initialized():
-        return
+        return False
     where = address or "auto"
     try:
         target = _bootstrap_address(address)
@@ -89,11 +91,27 @@ def connect(address: str | None) -> None:
             host, _, port = target.rpartition(":")
             with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS):
                 pass
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-    except (ConnectionError, OSError, ValueError) as e:
+        _init_keeping_signals(ray, address)
+        return True
+    except (ConnectionError, OSError, ValueError, RuntimeError) as e:   # (RuntimeError: Ray's version mismatch)
         why = (str(e).splitlines() or [type(e).__name__])[0].split(". ")[0].rstrip(".")  # Ray's first sentence
         raise UsageError(f"no Ray cluster answers at {where} ({why})",
                          "start one (ray start --head) or give --ray HOST:PORT of a running cluster") from None
+
+
+def _init_keeping_signals(ray, address: str | None) -> None:
+    """ray.init, then the caller's SIGINT/SIGTERM handlers again: Ray's core installs its own
+    crash handler for SIGTERM, which would kill the driver mid-record instead of letting the job
+    stop as a local one does (what finished kept, the summary, exit 143)."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 class _Worker:
@@ -232,7 +250,11 @@ class RayExecutor:
             slot, part = inflight.pop(ready[0])
             try:
                 results = ray.get(ready[0])
-            except ray.exceptions.RayActorError:
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.ObjectLostError):
+                # the actor (or its node) died, or its result went with its node: redo the chunk
+                # elsewhere, and take this actor out (were it alive, it would compete for the CPU)
+                with suppress(Exception):
+                    ray.kill(self.actors[slot])
                 for s in self._reschedule(slot, part, pending, inflight):
                     feed(s)
                 continue
@@ -274,10 +296,8 @@ class RayExecutor:
     def close(self) -> None:
         """Kill the actors (idempotent); the connection stays for the caller to shut down."""
         for a in self.actors.values():
-            try:
+            with suppress(Exception):   # already dead, or the cluster is gone
                 self.ray.kill(a)
-            except Exception:   # already dead, or the cluster is gone
-                pass
         self.actors.clear()
 
     def __enter__(self) -> RayExecutor:

@@ -73,17 +73,18 @@ def batch(
         from llamaspec.batch.ray_executor import require_ray
 
         require_ray()   # the missing extra: one line before anything else
+    ray_owned = False
     lines = io.read_input(input)
     items = io.parse_requests(lines)  # duplicate ids: an error before any work
     io.check_output_path(output_path)   # a bad -o, and another job on it: before any model loads
     if ray_address is not None:
         from llamaspec.batch.ray_executor import connect
 
-        connect(ray_address)   # a dead address: one line, before OUTPUT or its lock exist
+        ray_owned = connect(ray_address)   # a dead address: one line, before OUTPUT or its lock exist
     with io.OutputLock(output_path):
         set_llama_log(out.verbose)
         opts = replace(gen, ngram=ngram, parallel=parallel)
-        with _engine(model, opts, ray_address, ray_workers) as (g, ident):
+        with _engine(model, opts, ray_address, ray_workers, ray_owned) as (g, ident):
             for note in ident["notes"]:
                 out.info(note)
             if warning := draft_size_warning(ident["target_path"], ident["draft_path"]):
@@ -156,7 +157,7 @@ def _engine_request(request_type, r, completions: str):
 
 
 @contextmanager
-def _engine(model, opts: GenerationOptions, ray_address: str | None, ray_workers: int | None):
+def _engine(model, opts: GenerationOptions, ray_address: str | None, ray_workers: int | None, ray_owned: bool):
     """(something with generate_many(requests, parallel=), what the job needs to know of what was
     loaded): this process's Generator, or Ray actors each holding one (batch/ray_executor.py)."""
     if ray_address is None:
@@ -179,7 +180,8 @@ def _engine(model, opts: GenerationOptions, ray_address: str | None, ray_workers
             ident["notes"] = [*ident["notes"], f"ray: {len(ex.actors)} workers, models loaded"]
             yield ex, ident
     finally:
-        ray.shutdown()
+        if ray_owned:   # (an embedding program's own connection stays)
+            ray.shutdown()
 
 
 def _effective(ident: dict) -> dict:
