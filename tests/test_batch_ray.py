@@ -167,6 +167,16 @@ def test_a_terminated_or_killed_driver_resumes(cluster, tiny_models, local_refer
     _same_texts(_records(out), want)
 
 
+@pytest.mark.slow
+def test_a_model_missing_on_the_workers_is_named_with_its_node(cluster, tmp_path):
+    inp, out = _write_input(tmp_path / "in.jsonl", 2), tmp_path / "out.jsonl"
+    p = _driver([tmp_path / "nowhere.gguf", inp, "-o", out, "-t", "1", "--ray", cluster])
+    _, err = p.communicate(timeout=300)
+    assert p.returncode != 0 and "on Ray node" in err and "nowhere.gguf" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]   # no OUTPUT, lock or manifest
+
+
 def test_ray_without_the_extra_is_one_line(tiny_models, tmp_path):
     inp, out = _write_input(tmp_path / "in.jsonl", 2), tmp_path / "out.jsonl"
     code = ("import sys; sys.modules['ray'] = None; from llamaspec.cli import main; "
