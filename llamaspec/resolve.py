@@ -59,7 +59,7 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
             r.draft_max = int(draft)
             r.notes.append(f"--draft {draft} read as --draft-max {draft} (llama.cpp's old flag)")
         else:
-            from llamaspec.pairing.autodraft import check_explicit_draft
+            from llamaspec.pairing.check import check_explicit_draft
 
             # Headers first (ranged reads for Hub refs): an incompatible draft is refused before
             # anything is downloaded.
@@ -80,7 +80,7 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
 def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool = False) -> None:
     """`--draft auto`; local_only (no --draft and no --spec-type given): never download, and say
     in one note which registry draft a pull would add."""
-    from llamaspec.pairing.autodraft import TEXT_FALLBACK, choose_draft, text_fallback
+    from llamaspec.pairing.autodraft import ACROSS_REQUESTS, TEXT_FALLBACK, choose_draft, text_fallback
 
     choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline, dry_run=local_only,
                           pays=lambda draft: _measured_to_pay(r.target_path, draft))
@@ -99,6 +99,8 @@ def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool =
             # A small draft model pays on free text; copied text (code edits, quotes) drafts better
             # and for free from the text itself, so both are chained, the text drafter first.
             kinds.append(TEXT_FALLBACK)
+    if TEXT_FALLBACK in kinds:   # answers repeat across requests: suffix drafts from earlier ones
+        kinds.append(ACROSS_REQUESTS)
     r.spec_types = parse_spec_types(r.spec_types + kinds)
 
 

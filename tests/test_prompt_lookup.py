@@ -148,7 +148,7 @@ def test_no_flags_means_speculation_from_what_is_on_disk(run_cli, tiny_models, t
     assert res.exit_code == 0, res.stderr
     auto = json.loads(res.stdout)
     plain = _run_json(run_cli, *common, "--spec-type", "none")
-    assert auto["spec_type"] == "prompt-lookup" and plain["spec_type"] == "none"
+    assert auto["spec_type"] == "prompt-lookup,suffix" and plain["spec_type"] == "none"
     assert auto["tokens"] == plain["tokens"]
     assert "--spec-type none turns it off" in res.stderr
 

@@ -47,7 +47,7 @@ def test_draft_auto_takes_a_compatible_draft_on_disk(run_cli, tiny_models, tmp_p
     info, r = _run_json(run_cli, str(tiny_models["target"]), "-p", "hi", "-n", "8", "--temp", "0",
                         "--draft", "auto", "--search", str(d), "--offline")
     # the draft model chained behind the text drafter (copied text drafts better from the text)
-    assert info["spec_type"] == "prompt-lookup,draft-simple"
+    assert info["spec_type"] == "prompt-lookup,suffix,draft-simple"
     assert Path(info["draft_model"]).name == "tiny-draft.gguf"
     assert "--draft auto:" in r.stderr  # the one-line explanation on stderr
 
@@ -55,7 +55,7 @@ def test_draft_auto_takes_a_compatible_draft_on_disk(run_cli, tiny_models, tmp_p
 def test_draft_auto_falls_back_to_prompt_lookup(run_cli, tiny_models, isolated_home):
     info, r = _run_json(run_cli, str(tiny_models["target"]), "-p", "hi", "-n", "8", "--temp", "0",
                         "--draft", "auto", "--offline")
-    assert info["spec_type"] == "prompt-lookup" and info["draft_model"] is None
+    assert info["spec_type"] == "prompt-lookup,suffix" and info["draft_model"] is None
     assert "prompt-lookup drafting from the text itself" in r.stderr
 
 

@@ -189,3 +189,13 @@ def test_factory_builds_the_suffix_drafter(tiny_models):
     finally:
         ctx.close()
         target.close()
+
+
+def test_the_default_chains_suffix_behind_prompt_lookup(run_cli, tiny_models, isolated_home):
+    """No --draft, no --spec-type, no draft on disk: prompt-lookup, then suffix for what earlier
+    requests (of a batch job, a server, a chat) can draft."""
+    import json
+
+    r = run_cli("run", str(tiny_models["target"]), "-p", "hi", "-n", "4", "--temp", "0", "-t", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["spec_type"] == "prompt-lookup,suffix"

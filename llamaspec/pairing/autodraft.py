@@ -17,8 +17,7 @@ Order (first that applies wins; each choice is named by llama.cpp's spec type):
   3b. draft-simple a translated draft on disk that a measurement says pays (`pays`, the tune
                    store: translated_pairs.pick_translated);
   4. prompt-lookup drafts from the text itself: needs no model, always available.
-Also `check_refs` (the compat verdict for two model references, headers only) and
-`check_explicit_draft` for a user-given draft: refuses an incompatible pair unless forced.
+`check` and a user-given `--draft` go through pairing/check.py.
 """
 
 from __future__ import annotations
@@ -29,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from llamaspec.errors import HubError, IncompatiblePairError, LlamaspecError
+from llamaspec.errors import HubError, LlamaspecError
 from llamaspec.gguf.drafts import kind_of_arch
 from llamaspec.gguf.header import GGUFHeader, read_file
-from llamaspec.gguf.peek import light_header, peek, target_tokens
+from llamaspec.gguf.peek import peek
 from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
 from llamaspec.pairing import compat, discovery
 from llamaspec.pairing.compat import Verdict
@@ -351,6 +350,9 @@ def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Cand
 #: what drafts when no model can: llamaspec's longest-match prompt lookup (speculative/drafters/
 #: prompt_lookup.py), which recovers after two tokens where llama.cpp's fixed-n types need n
 TEXT_FALLBACK = "prompt-lookup"
+#: chained behind the text drafter by default: drafts from the earlier requests of a batch job,
+#: server or chat where the text has no match (drafters/suffix.py; scripts/bench_suffix.py)
+ACROSS_REQUESTS = "suffix"
 
 
 def text_fallback(notes: Sequence[str]) -> DraftChoice:
@@ -375,46 +377,3 @@ def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str
     header = hub.read_model_header(target_ref, offline=offline)
     return choose_for_header(header, search_dirs=search_dirs, default_dirs=default_dirs, offline=offline,
                              allow_download=allow_download, dry_run=dry_run, mtp_sidecars=mtp_sidecars, pays=pays)
-
-
-def check_refs(target_ref: str, draft_ref: str, *, offline: bool = False) -> Verdict:
-    """The verdict for two model references (paths or Hub refs), reading only their headers.
-
-    A local draft whose token bytes equal the target's reuses the target's decoded texts
-    (gguf.peek.light_header): the same result as a full parse, at a fraction of the time.
-    """
-    from llamaspec import hub
-
-    target = hub.read_model_header(target_ref, offline=offline)
-    draft = None
-    local = hub.classify(draft_ref)
-    if not isinstance(local, hub.HubRef) and Path(target.source).is_file():
-        raw = target_tokens(target)
-        draft = light_header(Path(local), raw) if raw else None
-    if draft is None:
-        draft = hub.read_model_header(draft_ref, offline=offline)
-    return compat.check_headers(target, draft)
-
-
-def check_explicit_draft(target: str, draft: str, force: bool = False, *, offline: bool = False) -> Verdict:
-    """Check a user-given draft against the target; raise IncompatiblePairError unless `force`.
-
-    A translated pair (another vocabulary, an ordinary model) is returned as it is: it drafts
-    through text. With force, an incompatible pair only warns: output stays the target's own (it verifies every
-    token), but acceptance will be poor, and draft token ids beyond the target's vocabulary must be
-    treated as rejections by the engine.
-    """
-    verdict = check_refs(target, draft, offline=offline)
-    if verdict.can_draft:
-        return verdict
-    if not force:
-        raise IncompatiblePairError(
-            f"draft {draft} cannot draft for {target}: {verdict.reason}",
-            "use a draft with the same tokenizer (`llamaspec pair TARGET` lists them), "
-            "or --force-draft to try anyway",
-        )
-    import logging
-
-    logging.getLogger(__name__).warning(f"forced an incompatible draft ({verdict.reason}); llama.cpp would refuse "
-                                        "this pair. Output stays the target's own, but expect few accepted tokens")
-    return verdict
