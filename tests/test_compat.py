@@ -8,7 +8,6 @@ and tiny model files.
 from __future__ import annotations
 
 import hashlib
-import time
 from pathlib import Path
 
 import pytest
@@ -305,13 +304,11 @@ def test_smollm2_vs_gemma3_is_incompatible_naming_the_rule(smollm2_q4, gemma_q4)
 
 
 @pytest.mark.real
-def test_gemma3_q4_and_f16_are_compatible_and_fast(gemma_q4, gemma_f16):
-    t = time.perf_counter()
+def test_gemma3_q4_and_f16_are_compatible(gemma_q4, gemma_f16):
+    # (no time bound here: timed unit tests flake on shared machines; speed belongs to benchmarks)
     v = check_files(gemma_f16, gemma_q4)
-    elapsed = time.perf_counter() - t
     assert v.compatible and v.target["n_vocab"] == 262144
     assert v.draft["fingerprint"] == "7577dba02593a84d"
-    assert elapsed < 1.0, f"two Gemma headers took {elapsed:.2f} s"
 
 
 @pytest.mark.real

@@ -14,6 +14,7 @@ from llamaspec.errors import IncompatiblePairError
 from llamaspec.gguf.header import read_file
 from llamaspec.gguf.peek import light_header, peek, target_tokens
 from llamaspec.pairing import autodraft, discovery, registry_schema
+from llamaspec.pairing import check as pair_check
 
 from hub_server import big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures: a local test Hub
 
@@ -342,19 +343,19 @@ def test_check_explicit_draft(tiny_models, capsys, monkeypatch, tmp_path):
     from llamaspec.cli import _output as output
 
     monkeypatch.setattr(output, "_current", output.Output())  # bound to capsys's streams, set up by now
-    assert autodraft.check_explicit_draft(str(tiny_models["target"]), str(tiny_models["draft"])).compatible
+    assert pair_check.check_explicit_draft(str(tiny_models["target"]), str(tiny_models["draft"])).compatible
     # another vocabulary: a translated pair, accepted as it is (it drafts through text)
-    v = autodraft.check_explicit_draft(str(tiny_models["target"]), str(tiny_models["spm"]))
+    v = pair_check.check_explicit_draft(str(tiny_models["target"]), str(tiny_models["spm"]))
     assert (v.compatible, v.kind) == (False, "translated")
     # a draft made for another target cannot draft at all
     from tests.test_detect_drafts import eagle3
 
     bad = eagle3(tmp_path / "e.gguf", layers=(0, 2, 9))
     with pytest.raises(IncompatiblePairError) as info:
-        autodraft.check_explicit_draft(str(tiny_models["target"]), str(bad))
+        pair_check.check_explicit_draft(str(tiny_models["target"]), str(bad))
     assert "target layers differs" in info.value.message and "--force-draft" in info.value.hint
     capsys.readouterr()
-    v = autodraft.check_explicit_draft(str(tiny_models["target"]), str(bad), force=True)
+    v = pair_check.check_explicit_draft(str(tiny_models["target"]), str(bad), force=True)
     assert not v.can_draft
     assert "forced an incompatible draft" in capsys.readouterr().err
 

@@ -246,7 +246,7 @@ def _targets(models: list[str], drafts: list[tuple[str, Path]], modes: list[str]
     with a warning, and so is a target left with nothing to measure."""
     from llamaspec import hub
     from llamaspec.errors import IncompatiblePairError
-    from llamaspec.pairing.autodraft import check_explicit_draft
+    from llamaspec.pairing.check import check_explicit_draft
     from llamaspec.bench.suite import Target, make_configs
 
     sweep = len(models) > 1 or len(drafts) > 1

@@ -89,7 +89,7 @@ def check_cmd(
 ) -> None:
     """Check whether DRAFT can draft for MAIN: token-exact by llama.cpp's vocabulary rules, or
     translated (another vocabulary, drafts through text); exit 0 for both, 1 when it cannot draft."""
-    from llamaspec.pairing.autodraft import check_refs
+    from llamaspec.pairing.check import check_refs
 
     verdict = check_refs(main, draft, offline=offline)
     data = verdict.to_dict()

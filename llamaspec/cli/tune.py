@@ -105,7 +105,7 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
     target_path = hub.resolve_model(model, offline=offline)
     draft_path = None
     if draft is not None:
-        from llamaspec.pairing.autodraft import check_explicit_draft
+        from llamaspec.pairing.check import check_explicit_draft
 
         draft_path = hub.resolve_model(draft, offline=offline)
         check_explicit_draft(str(target_path), str(draft_path), force_draft, offline=offline)

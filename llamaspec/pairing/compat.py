@@ -321,5 +321,5 @@ def check_headers(target: GGUFHeader, draft: GGUFHeader, *, target_vocab: VocabI
 
 
 def check_files(target_path, draft_path) -> Verdict:
-    """The verdict for two local GGUF files (headers only; model references: autodraft.check_refs)."""
+    """The verdict for two local GGUF files (headers only; model references: pairing/check.check_refs)."""
     return check_headers(read_file(target_path), read_file(draft_path))
