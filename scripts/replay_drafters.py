@@ -73,16 +73,19 @@ def replay(make, prompt: list[int], out: list[int], curve: dict[int, float], k_m
     return steps, len(out) / spent
 
 
-def record(model: str, preset: str, n: int, path: Path) -> None:
+def record(model: str, preset: str, n: int, path: Path, prompts: Path | None = None) -> None:
+    """Plain greedy output of the preset (or of each prompt of a JSONL suite: PATH.ID.json)."""
     from llamaspec import Generator
-    from llamaspec.bench.prompts import format_prompt, preset_text
+    from llamaspec.bench.prompts import format_prompt, preset_text, read_prompts
 
-    text = preset_text(preset)
-    with Generator(model, spec_type="none", temperature=0, max_tokens=n) as g:
-        result = g.generate(text)
-        _, prompt, _ = format_prompt(g.pipeline.target, text)
-    path.write_text(json.dumps({"prompt": prompt, "out": result.tokens}))
-    print(f"{path}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", file=sys.stderr)
+    jobs = [(path, preset_text(preset))] if prompts is None else [
+        (path.with_name(f"{path.stem}.{p.id}.json"), p.text) for p in read_prompts(prompts)]
+    with Generator(model, spec_type="none", temperature=0, max_tokens=n, threads=2) as g:
+        for out_path, text in jobs:
+            result = g.generate(text)
+            _, prompt, _ = format_prompt(g.pipeline.target, text)
+            out_path.write_text(json.dumps({"prompt": prompt, "out": result.tokens}))
+            print(f"{out_path}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", file=sys.stderr)
 
 
 def measure(model: str, preset: str, threads: int) -> str:
@@ -109,13 +112,14 @@ def main() -> None:
     ap.add_argument("--k-max", type=int, default=32)
     ap.add_argument("--record", metavar="MODEL")
     ap.add_argument("--prompt-preset", default="code")
+    ap.add_argument("--prompts", type=Path, help="with --record: a JSONL suite (bench --prompts), one trace each")
     ap.add_argument("-n", type=int, default=256)
     ap.add_argument("-o", type=Path)
     ap.add_argument("--measure", metavar="MODEL")
     ap.add_argument("-t", "--threads", type=int, default=2)
     a = ap.parse_args()
     if a.record:
-        record(a.record, a.prompt_preset, a.n, a.o or Path(f"{a.prompt_preset}.json"))
+        record(a.record, a.prompt_preset, a.n, a.o or Path(f"{a.prompt_preset}.json"), a.prompts)
         return
     if a.measure:
         print(measure(a.measure, a.prompt_preset, a.threads))

@@ -15,6 +15,24 @@ __all__ = ["CostModel", "RECALIBRATE_STEPS"]
 RECALIBRATE_STEPS = 200
 
 
+#: b / a of t(n) = a + b * n before batch sizes vary enough to fit it. Errs towards dear batches:
+#: a slope too low makes the first drafts long, and a long draft that fails costs many steps
+#: (a 2-core EPYC: 0.15, t(64) = 15 t(1); turn 1's machine: about 0.02); a slope too high only
+#: makes the first drafts short until the measurements take over.
+DEFAULT_SLOPE = 0.15
+#: batch sizes are pooled by powers of two (2, 3-4, 5-8, ...): each bucket keeps its own mean
+#: time, and the curve is interpolated between them (a line fitted to batches of 30-60 tokens
+#: prices an 8-token batch at 1.3x its cost on a CPU)
+_BUCKET_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def _bucket(n: int) -> int:
+    for i, edge in enumerate(_BUCKET_SIZES):
+        if n <= edge:
+            return i
+    return len(_BUCKET_SIZES)
+
+
 class CostModel:
     """Costs relative to one plain decode step (a target batch of 1 token).
 
@@ -34,7 +52,7 @@ class CostModel:
     """
 
     def __init__(self, verify_ratio_fn: Callable[[int], float] | None = None,
-                 draft_ratio_value: float | None = None, default_slope: float = 0.02,
+                 draft_ratio_value: float | None = None, default_slope: float = DEFAULT_SLOPE,
                  draft_ratio_prior: float = 0.0,
                  decay: float = 0.98):
         self.verify_ratio_fn = verify_ratio_fn
@@ -46,6 +64,9 @@ class CostModel:
         self._one_w = self._one_s = 0.0  # one-token steps
         self._since_one = 0              # batches timed since the last one-token step
         self._draft_s = self._draft_n = 0.0
+        self._bw = [0.0] * (len(_BUCKET_SIZES) + 1)   # decayed counts of batches per size bucket
+        self._bn = [0.0] * (len(_BUCKET_SIZES) + 1)   # their decayed sizes
+        self._bt = [0.0] * (len(_BUCKET_SIZES) + 1)   # their decayed times
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
         """A target step that evaluated `n_tokens` tokens (1 for a plain decode) took `seconds`.
@@ -65,6 +86,14 @@ class CostModel:
                 return
         elif self._w > 0.0 and self._sn <= self._w:  # the first batch: drop the one-token points
             self._w = self._sn = self._snn = self._st = self._snt = 0.0
+        if n_tokens > 1:
+            b = _bucket(n_tokens)
+            self._bw = [x * g for x in self._bw]
+            self._bn = [x * g for x in self._bn]
+            self._bt = [x * g for x in self._bt]
+            self._bw[b] += 1.0
+            self._bn[b] += n_tokens
+            self._bt[b] += seconds
         self._w = self._w * g + 1.0
         self._sn = self._sn * g + n_tokens
         self._snn = self._snn * g + n_tokens * n_tokens
@@ -120,7 +149,10 @@ class CostModel:
         return self.verify_ratios(k)[k]
 
     def verify_ratios(self, k_max: int) -> list[float]:
-        """[verify_ratio(k) for k in 0..k_max], computed at once."""
+        """[verify_ratio(k) for k in 0..k_max], computed at once: t(k+1) interpolated between the
+        mean (size, time) of each size bucket measured, past the measured ones along the fitted
+        line's slope (the prior slope before batch sizes vary), over t(1); never below 1 and never
+        falling with k."""
         if self.verify_ratio_fn is not None:
             return [float(self.verify_ratio_fn(k)) for k in range(k_max + 1)]
         ab = self.line()
@@ -129,8 +161,24 @@ class CostModel:
         else:
             a, b = ab
         t1 = self.decode_seconds if ab is not None else a + b
-        # never below 1: a batch that looked faster than one token is noise
-        return [1.0] + [max(1.0, (a + b * (k + 1)) / t1) for k in range(1, k_max + 1)]
+        pts = [(n / w, t / w) for w, n, t in zip(self._bw, self._bn, self._bt) if w > 1e-9]
+        out, top = [1.0], 1.0
+        for k in range(1, k_max + 1):
+            n = k + 1
+            if not pts:
+                t = a + b * n
+            elif n <= pts[0][0]:
+                t = pts[0][1] - b * (pts[0][0] - n)
+            elif n >= pts[-1][0]:
+                t = pts[-1][1] + b * (n - pts[-1][0])
+            else:
+                i = next(i for i in range(1, len(pts)) if n <= pts[i][0])
+                (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+                t = y0 + (y1 - y0) * (n - x0) / (x1 - x0) if x1 > x0 else y1
+            # never below 1: a batch that looked faster than one token is noise
+            top = max(top, t / t1, 1.0)
+            out.append(top)
+        return out
 
     @property
     def draft_ratio(self) -> float:

@@ -1,79 +1,225 @@
-"""Adaptive draft length per match length, for drafters that know how long a match a draft was
-copied after (Draft.match: prompt-lookup).
+"""Draft length for copying drafters, from how long the copy has agreed with the text
+(Draft.match: prompt-lookup, suffix).
 
-A draft copied after a long match of context is far likelier to be right than one after a
-two-token match (on the bundled code-rewrite prompt with SmolLM2: 0-2 tokens accepted after
-matches of 2, 11-64 after matches of 3 or more). One `DraftLengthController` for all of them
-would average the two and draft a middling length for both. So each match bucket gets its own
-controller (its acceptance, its pauses and probes), all sharing one cost model: long drafts
-where long matches earned them, none where short matches keep failing, and each bucket's probes
-within the controller's probe budget.
+A copied draft is right as long as the text keeps following its source. How likely it is to
+follow for one more token depends above all on how long it already has: after a 2-token match
+the source is often the wrong place (on the bundled code rewrite with SmolLM2 about half of the
+next tokens follow it), after 3-5 tokens mostly the right one, and a copy that has run for 16+
+tokens breaks only where the answer departs from its source (a renamed identifier: 1 token in
+30-40). So the statistics kept here are continuation probabilities per agreement length g:
+p(g) = P(the text's next token follows the source | it has followed it for the last g tokens).
+A draft of k tokens after a match of m has positions at agreement m, m+1, ..., m+k-1, so
+
+    E(k) = 1 + sum_{j=1..k} prod_{i=1..j} p(m + i - 1)      (expected tokens, the target's own included)
+
+and the draft length is the k maximising E(k) / C(k), C(k) = t(k+1)/t(1) + d*k the step's cost in
+one-token steps (costs.py); no draft when even the best rate is below `min_gain`. On a CPU where
+a 2-token batch costs 1.9 steps this drafts nothing after weak matches and long drafts (16-63)
+inside a copy: what the copy-drafting bound (bench/bound.py) does with hindsight.
+
+p(g) per bucket of g is a decayed count of the outcomes seen in this sequence (a draft of k with
+a accepted: continues at agreements m..m+a-1, a break at m+a when a < k) shrunk towards a prior
+(`PRIOR_CONTINUE`, with the weight of `prior_weight` observations). Buckets a strategy never
+drafts in would never learn, so after `probe_every` declined drafts in a bucket one is drafted
+anyway (the best k), as long as failed probes stay within `probe_budget` of plain decoding.
+Drafts without a match length go to a geometric `DraftLengthController` (controller.py).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, Sequence
 
 from llamaspec.speculative.controller import CostModel, DraftLengthController
 
-__all__ = ["MATCH_EDGES", "PRIOR_ALPHA", "match_bucket", "MatchController"]
+__all__ = ["AGREEMENT_EDGES", "PRIOR_CONTINUE", "agreement_bucket", "best_length", "expected_tokens",
+           "CopyEvidence", "CopyStats", "MatchController"]
 
-# Match lengths are pooled into buckets: <= 2, <= 4, <= 8, longer.
-MATCH_EDGES = (2, 4, 8)
-# Acceptance expected before any draft of a bucket was verified (the rest of a text is short, so
-# starting from the middle wastes its best stretches): a 2-token match is weak evidence of a copy,
-# 9+ tokens strong. Measured acceptance takes over after a few drafts (prior weight 2).
-PRIOR_ALPHA = {0: 0.6, 1: 0.4, 2: 0.6, 3: 0.8, 4: 0.9}
+# Agreement lengths are pooled into buckets by these upper edges (and one bucket past the last).
+AGREEMENT_EDGES = (2, 3, 5, 8, 16, 32, 64)
+# p(g) before anything was seen, per bucket. Why these: a 2-token match of code or prose is often
+# some other place ("    return", "(self"), 3-5 tokens mostly the right one, a copy that has run
+# for 16+ tokens breaks only where the answer departs from its source (replays of SmolLM2's
+# greedy output on code rewrites: about 0.45, 0.6, 0.8, 0.9, 0.95, 0.97 and more, a story
+# about 0.3 at 2 tokens). A little below what was seen: an unlearnt bucket errs towards short.
+PRIOR_CONTINUE = (0.4, 0.6, 0.85, 0.92, 0.96, 0.98, 0.985, 0.99)
 
 
-def match_bucket(match: int | None) -> int:
-    """Bucket of a draft's match length: 0 when not given, else 1.. by MATCH_EDGES.
+def agreement_bucket(g: int) -> int:
+    """Bucket index of agreement length g (0 for g <= 2).
 
-        >>> [match_bucket(m) for m in (None, 1, 2, 3, 8, 9, 40)]
-        [0, 1, 1, 2, 3, 4, 4]
+        >>> [agreement_bucket(g) for g in (0, 2, 3, 4, 5, 6, 16, 17, 64, 65, 1000)]
+        [0, 0, 1, 2, 2, 3, 4, 5, 6, 7, 7]
     """
-    if match is None:
-        return 0
-    for i, edge in enumerate(MATCH_EDGES):
-        if match <= edge:
-            return i + 1
-    return len(MATCH_EDGES) + 1
+    for i, edge in enumerate(AGREEMENT_EDGES):
+        if g <= edge:
+            return i
+    return len(AGREEMENT_EDGES)
+
+
+def expected_tokens(probs: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{j<=k} prod_{i<=j} probs[i-1]: tokens a step drafting k yields on average.
+
+        >>> expected_tokens([0.5, 0.5, 0.5], 2)      # 1 + .5 + .25
+        1.75
+    """
+    total, run = 1.0, 1.0
+    for p in probs[:k]:
+        run *= p
+        total += run
+    return total
+
+
+def best_length(probs: Sequence[float], verify: Sequence[float], draft_ratio: float = 0.0,
+                n_min: int = 1) -> tuple[int, float]:
+    """(k, rate): the draft length in [n_min, len(probs)] maximising E(k) / (verify[k] + d*k),
+    the smallest k on ties; verify[k] = t(k+1)/t(1) (verify[0] unused). (0, 1.0) when no
+    length is possible. Pure: the policy's whole arithmetic.
+
+    Worked example, the 2-core EPYC's curve (t(2) = 1.9, t(4) = 2.27, t(8) = 3.36 steps): a copy
+    that continues with p = 0.95 is worth drafting 7 tokens (E = 6.7 tokens for 3.36 steps: 2.0
+    tokens a step), one with p = 0.5 is worth no draft at all (its best, 2 tokens, gives 1.75
+    tokens for 2.085 steps: 0.84 a step, below plain decoding's 1)::
+
+        >>> curve = [1.0, 1.90, 2.085, 2.27, 2.54, 2.81, 3.09, 3.36]
+        >>> k, rate = best_length([0.95] * 7, curve); k, round(rate, 2)
+        (7, 2.0)
+        >>> k, rate = best_length([0.5] * 7, curve); k, round(rate, 2)
+        (2, 0.84)
+    """
+    best_k, best_r = 0, 1.0
+    total, run = 1.0, 1.0
+    found = False
+    for k in range(1, len(probs) + 1):
+        run *= probs[k - 1]
+        total += run
+        if k < n_min:
+            continue
+        r = total / (verify[k] + draft_ratio * k)
+        if not found or r > best_r + 1e-12:
+            best_k, best_r, found = k, r, True
+    return best_k, best_r
+
+
+class CopyEvidence(int):
+    """A match length (the int) that also carries the drafter's own continuation probabilities
+    for the positions of the draft it would copy (`probs`; prompt-lookup: it sees every step's
+    outcome, drafted or not, and which tokens the text refused to copy). Passed where a match
+    length goes (limit(d, match), Draft.match), so nothing between drafter and controller changes."""
+
+    probs: tuple[float, ...]
+
+    def __new__(cls, match: int, probs: Sequence[float]):
+        obj = super().__new__(cls, match)
+        obj.probs = tuple(probs)
+        return obj
+
+
+class CopyStats:
+    """Continuation probabilities per agreement bucket, decayed counts shrunk towards priors."""
+
+    def __init__(self, priors: Sequence[float] = PRIOR_CONTINUE, prior_weight: float = 8.0, decay: float = 0.95):
+        if len(priors) != len(AGREEMENT_EDGES) + 1:
+            raise ValueError(f"need {len(AGREEMENT_EDGES) + 1} priors, one per bucket")
+        self.priors = tuple(priors)
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.cont = [0.0] * len(self.priors)   # decayed continuations seen per bucket
+        self.seen = [0.0] * len(self.priors)   # decayed continuations + breaks
+
+    def p(self, g: int) -> float:
+        b = agreement_bucket(g)
+        return (self.cont[b] + self.prior_weight * self.priors[b]) / (self.seen[b] + self.prior_weight)
+
+    def probs(self, match: int, k: int) -> list[float]:
+        """p at the agreements of draft positions 1..k after a match of `match` tokens."""
+        return [self.p(match + i) for i in range(k)]
+
+    def observe(self, match: int, n_drafted: int, n_accepted: int) -> None:
+        """A draft of n_drafted after a match of `match`, n_accepted of it accepted. The buckets
+        it tells about forget `decay` of what they knew first (the text moves on: a copied
+        stretch, then free text); the others keep theirs."""
+        seen: dict[int, list[float]] = {}
+        for i in range(n_accepted):
+            seen.setdefault(agreement_bucket(match + i), [0.0, 0.0])[0] += 1.0
+        if n_accepted < n_drafted:
+            seen.setdefault(agreement_bucket(match + n_accepted), [0.0, 0.0])[1] += 1.0
+        for b, (cont, broke) in seen.items():
+            self.cont[b] = self.cont[b] * self.decay + cont
+            self.seen[b] = self.seen[b] * self.decay + cont + broke
 
 
 class MatchController:
-    """The DraftLengthController interface (choose / observe / observe_cost), one controller per
-    match bucket underneath. `make(cost, prior_alpha)` builds a bucket's controller around the shared cost."""
+    """The DraftLengthController interface (choose / observe / observe_cost / n_pauses / paused)
+    for drafts that carry a match length (see the module docstring).
 
-    def __init__(self, make: Callable[[CostModel, float], DraftLengthController], cost: CostModel | None = None):
+    `make(cost, prior_alpha)` builds a DraftLengthController around the shared cost: one is made
+    for drafts without a match length, and it gives the draft-length range [n_min, n_max]."""
+
+    def __init__(self, make: Callable[[CostModel, float], DraftLengthController], cost: CostModel | None = None, *,
+                 stats: CopyStats | None = None, min_gain: float = 1.05, probe_every: int = 32,
+                 probe_budget: float = 0.03):
         self.cost = cost if cost is not None else CostModel()
-        self._make = make
-        self.buckets: dict[int, DraftLengthController] = {}
-        self._last = 0  # bucket of the draft sized by the last choose()
-
-    def _ctl(self, bucket: int) -> DraftLengthController:
-        ctl = self.buckets.get(bucket)
-        if ctl is None:
-            ctl = self.buckets[bucket] = self._make(self.cost, PRIOR_ALPHA[bucket])
-        return ctl
+        self.fallback = make(self.cost, 0.6)
+        self.n_min, self.n_max = self.fallback.n_min, self.fallback.n_max
+        self.stats = stats if stats is not None else CopyStats()
+        self.min_gain = min_gain
+        self.probe_every = probe_every
+        self.probe_budget = probe_budget
+        self._declined = [0] * len(self.stats.priors)  # declined drafts per bucket since its last draft
+        self._last: int | None = None   # match of the draft sized by the last choose() (None: fallback)
+        self.n_pauses = 0               # drafts declined (a plain step where a copy was found)
+        self.n_probes = 0
 
     def choose(self, match: int | None = None) -> int:
-        self._last = match_bucket(match)
-        return self._ctl(self._last).choose()
+        if match is None:
+            self._last = None
+            return self.fallback.choose()
+        self._last = match
+        if self.n_max <= 0 or self.cost.needs_decode_timing:  # a plain step, to time t(1)
+            return 0
+        given = getattr(match, "probs", None)
+        probs = list(given[:self.n_max]) if given is not None else self.stats.probs(match, self.n_max)
+        if not probs:
+            return 0
+        k, rate = best_length(probs, self.cost.verify_ratios(len(probs)), self.cost.draft_ratio, self.n_min)
+        if rate >= self.min_gain:
+            self._declined[agreement_bucket(match)] = 0
+            return k
+        b = agreement_bucket(match)
+        self._declined[b] += 1
+        self.n_pauses += 1
+        if self._declined[b] >= self._probe_gap(k):
+            self._declined[b] = 0
+            self.n_probes += 1
+            return k
+        return 0
+
+    def _probe_gap(self, k: int) -> int:
+        """Declines between probes: `probe_every`, more when a failed probe (C(k) - 1 steps)
+        would cost more than `probe_budget` of the plain steps between them."""
+        loss = self.cost.verify_ratio(k) + self.cost.draft_ratio * k - 1.0
+        by_cost = math.ceil(loss / self.probe_budget) if self.probe_budget > 0 else self.probe_every
+        return max(self.probe_every, by_cost)
 
     def observe(self, n_drafted: int, n_accepted: int, verify_seconds: float | None = None,
                 draft_seconds: float | None = None) -> None:
+        if n_drafted > 0 and self._last is None:
+            self.fallback.observe(n_drafted, n_accepted, verify_seconds, draft_seconds)
+            return
+        if verify_seconds is not None:
+            self.cost.observe_verify(n_drafted + 1, verify_seconds)
+        if draft_seconds is not None and n_drafted > 0:
+            self.cost.observe_draft(n_drafted, draft_seconds)
         if n_drafted > 0:
-            self._ctl(self._last).observe(n_drafted, n_accepted, verify_seconds, draft_seconds)
-        elif verify_seconds is not None:  # a plain step: only the shared costs learn from it
-            self.cost.observe_verify(1, verify_seconds)
+            if n_accepted > n_drafted:
+                raise ValueError(f"accepted {n_accepted} > drafted {n_drafted}")
+            if not hasattr(self._last, "probs"):  # else the drafter keeps the statistics
+                self.stats.observe(self._last, n_drafted, n_accepted)
 
     def observe_cost(self, n_tokens: int, seconds: float) -> None:
         self.cost.observe_verify(n_tokens, seconds)
 
     @property
-    def n_pauses(self) -> int:
-        return sum(c.n_pauses for c in self.buckets.values())
-
-    @property
     def paused(self) -> bool:
-        return bool(self.buckets) and all(c.paused for c in self.buckets.values())
+        return self.fallback.paused

@@ -44,7 +44,7 @@ def _prompt_lookup(opts, target, ctx, sampling) -> Built:
     from llamaspec.speculative.drafters.prompt_lookup import PromptLookupDrafter
 
     return Built(PromptLookupDrafter(n_min=opts.ngram.lookup_n_min, n_max=opts.ngram.lookup_n_max,
-                                     size_m=MAX_DRAFT))
+                                     size_m=MAX_DRAFT, is_stop=target.is_eog))
 
 
 def _suffix(opts, target, ctx, sampling) -> Built:

@@ -27,12 +27,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 from llamaspec.speculative.drafters.base import Draft, Drafter, announce
+from llamaspec.speculative.match_controller import CopyEvidence, CopyStats
 
 __all__ = ["prompt_lookup_draft", "PromptLookupDrafter"]
 
 #: earlier occurrences of the last n_min tokens looked at per step (the latest ones): bounds the
 #: work per step on texts where a short n-gram (a newline and an indent) occurs thousands of times
 MAX_CANDIDATES = 64
+#: how far back the chosen match is followed for `Draft.match` (the source is chosen on n_max
+#: tokens): inside a long copy the agreement runs to hundreds of tokens, and the controller
+#: drafts longer the longer it is (match_controller.py)
+MATCH_REPORT_MAX = 512
 
 
 def _match_length(h: Sequence[int], j: int, n_max: int) -> int:
@@ -74,11 +79,45 @@ def prompt_lookup_draft(history: Sequence[int], n_max_draft: int, n_min: int = 2
     return [int(t) for t in history[best_j + 1:best_j + 1 + n_max_draft]], best_n
 
 
+#: a copy that broke after agreeing for this many tokens was refused by the model at that token
+#: (a renamed identifier, "\n" for the source's "\n\n"); shorter ones were the wrong place
+REFUSAL_AGREEMENT = 4
+
+
 @dataclass
 class _Seq:
     ends: dict = field(default_factory=dict)  # last n_min tokens (tuple) -> positions where they end
     indexed: int = 0                          # positions < indexed are in `ends`
     first: int = -1                           # history[0] when indexed, to notice a new history
+    stats: CopyStats = field(default_factory=lambda: CopyStats(decay=STATS_DECAY))
+    held: dict = field(default_factory=dict)     # source token -> times the text copied it
+    refused: dict = field(default_factory=dict)  # source token -> times a confident copy broke there
+    pending: tuple | None = None              # (source start, len(history), evidence) of the last lookup
+
+
+#: the continuation statistics forget this much per step (the text moves on: a copied stretch,
+#: then free text)
+STATS_DECAY = 0.95
+
+
+def _learn(s: _Seq, history: Sequence[int]) -> None:
+    """What the last lookup's source predicted against what the text did since (drafted or not):
+    continuations and the break, per agreement length and per source token."""
+    if s.pending is None:
+        return
+    src, h0, m0 = s.pending
+    s.pending = None
+    new = len(history) - h0
+    if new <= 0 or m0 <= 0:
+        return
+    i = 0
+    while i < new and src + i < h0 and history[src + i] == history[h0 + i]:
+        s.held[history[src + i]] = s.held.get(history[src + i], 0) + 1
+        i += 1
+    broke = i < new and src + i < h0
+    s.stats.observe(m0, i + (1 if broke else 0), i)
+    if broke and m0 + i >= REFUSAL_AGREEMENT:
+        s.refused[history[src + i]] = s.refused.get(history[src + i], 0) + 1
 
 
 class PromptLookupDrafter(Drafter):
@@ -93,10 +132,14 @@ class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
     sizes_by_match = True
 
-    def __init__(self, n_min: int = 2, n_max: int = 16, size_m: int = 64):
+    def __init__(self, n_min: int = 2, n_max: int = 16, size_m: int = 64,
+                 is_stop: Callable[[int], bool] | None = None):
         if not 1 <= n_min <= n_max or size_m < 1:
             raise ValueError("prompt-lookup needs 1 <= n_min <= n_max and size_m >= 1")
         self.n_min, self.n_max, self.size_m = n_min, n_max, size_m
+        # end-of-generation tokens: a draft ends at one (what follows it in the text is the chat
+        # template's next turn, which the target never writes: generation stops there)
+        self.is_stop = is_stop
         self._seqs: dict[int, _Seq] = {}
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
@@ -126,37 +169,77 @@ class PromptLookupDrafter(Drafter):
         s.indexed = max(s.indexed, upto)
 
     def find(self, seq_id: int, history: Sequence[int]) -> tuple[int, int]:
-        """(j, n): the match ends at history[j] and runs n tokens back; (-1, 0) for none."""
-        s = self._seqs.get(seq_id)
-        if s is None or (len(history) and history[0] != s.first) or s.indexed > len(history):
-            s = self._seqs[seq_id] = _Seq()
+        """(j, n): the match ends at history[j] and runs n tokens back (followed up to
+        MATCH_REPORT_MAX when it reaches n_max); (-1, 0) for none."""
+        j, n, _ = self.locate(seq_id, history)
+        return j, n
+
+    def locate(self, seq_id: int, history: Sequence[int]) -> tuple[int, int, int]:
+        """(j, n, rival): `find`'s match, and the longest match (up to n_max) among the places
+        whose next token differs from history[j + 1] (0 when none): when rival >= n the text's
+        end does not single the source out (the 3 tokens "⏎⏎def" before every function)."""
+        s = self._seq(seq_id, history)
         last = len(history) - 1
         self._index(s, history, last)  # every end position before the last token
         if last < self.n_min:
-            return -1, 0
+            return -1, 0, 0
         cands = s.ends.get(tuple(history[last - self.n_min + 1:]))
         if not cands:
-            return -1, 0
-        best_j, best_n = -1, 0
-        for j in reversed(cands[-MAX_CANDIDATES:]):
-            n = _match_length(history, j, self.n_max)
+            return -1, 0, 0
+        found = [(_match_length(history, j, self.n_max), j) for j in reversed(cands[-MAX_CANDIDATES:])]
+        best_n, best_j = found[0]
+        for n, j in found:
             if n > best_n:
                 best_j, best_n = j, n
-                if n >= self.n_max:
+        nxt = history[best_j + 1]
+        rival = max((n for n, j in found if history[j + 1] != nxt), default=0)
+        if best_n >= self.n_max:  # how long the copy has really agreed: the controller's evidence
+            best_n = _match_length(history, best_j, MATCH_REPORT_MAX)
+        return best_j, best_n, rival
+
+    def _seq(self, seq_id: int, history: Sequence[int]) -> _Seq:
+        s = self._seqs.get(seq_id)
+        if s is None or (len(history) and history[0] != s.first) or s.indexed > len(history):
+            s = self._seqs[seq_id] = _Seq()
+        return s
+
+    def continuation(self, seq_id: int, history: Sequence[int], start: int, match: int) -> CopyEvidence:
+        """`match` with the probabilities that the text follows the copy history[start:] at each
+        position: p(agreement) of the sequence's statistics, times (held + 1) / (held + refused
+        + 1) of the source token (a token the text refused to copy before is likely refused
+        again); at most size_m positions, up to and including an end-of-generation token."""
+        s = self._seqs[seq_id]
+        src = history[start:start + self.size_m]
+        if self.is_stop is not None:
+            for i, t in enumerate(src):
+                if self.is_stop(int(t)):
+                    src = src[:i + 1]
                     break
-        return best_j, best_n
+        probs = []
+        for i, t in enumerate(src):
+            held, refused = s.held.get(t, 0), s.refused.get(t, 0)
+            probs.append(s.stats.p(match + i) * (held + 1) / (held + refused + 1))
+        return CopyEvidence(match, probs)
+
+    def evidence(self, n: int, rival: int) -> int:
+        """The match length the controller sizes a draft by: n, or n_min when another place with
+        another next token matches as long (a guess between them, however long n is)."""
+        return n if rival + 1 < min(n, self.n_max) else min(n, self.n_min)
 
     def propose_within(self, seq_id: int, history: Sequence[int],
                        limit: Callable[..., int]) -> Draft:
         # The match comes first so the controller can size the draft by it.
         announce(limit, self)
-        j, n = self.find(seq_id, history)
+        _learn(self._seq(seq_id, history), history)
+        j, n, rival = self.locate(seq_id, history)
         if j < 0:
             return Draft([], None, self.name)
-        k = min(limit(self, n), self.size_m)
+        ev = self.continuation(seq_id, history, j + 1, self.evidence(n, rival))
+        self._seqs[seq_id].pending = (j + 1, len(history), int(ev))
+        k = min(limit(self, ev), len(ev.probs))
         if k <= 0:
             return Draft([], None, self.name)
-        return Draft([int(t) for t in history[j + 1:j + 1 + k]], None, self.name, match=n)
+        return Draft([int(t) for t in history[j + 1:j + 1 + k]], None, self.name, match=ev)
 
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
         return self.propose_within(seq_id, history, lambda d, match=None: n_max)
