@@ -215,3 +215,60 @@ def test_costs_before_any_batch_err_towards_dear():
     # not priced as about free (the old prior said 1.6 steps; this CPU measures 8.9)
     r = CostModel().verify_ratios(32)
     assert r[32] > 4.0 and r[1] < 1.5
+
+
+# -- lossless: greedy through Generator equals plain decoding --------------------------------------
+
+HUMANEVAL_STYLE = '''Rewrite this function with descriptive variable names.
+
+```python
+def m(s):
+    """Return the longest substring of s without repeating characters."""
+    b = 0
+    i = 0
+    o = {}
+    for j, ch in enumerate(s):
+        if ch in o and o[ch] >= i:
+            i = o[ch] + 1
+        o[ch] = j
+        if j - i + 1 > b:
+            b = j - i + 1
+            e = i
+    return s[e:e + b] if b else ""
+```'''
+
+
+def _generate(model, spec: str, prompt: str, n: int, **kw):
+    from llamaspec import Generator
+
+    with Generator(str(model), spec_type=spec, temperature=0, max_tokens=n, threads=1, **kw) as g:
+        return g.generate(prompt)
+
+
+def test_lossless_on_a_tiny_model(tiny_models):
+    prompt = "one two three four five six seven eight nine ten " * 6
+    plain = _generate(tiny_models["target"], "none", prompt, 48, chat=False)
+    spec = _generate(tiny_models["target"], "prompt-lookup", prompt, 48, chat=False)
+    fixed = _generate(tiny_models["target"], "prompt-lookup", prompt, 48, chat=False, adaptive=False)
+    assert spec.tokens == plain.tokens == fixed.tokens
+    assert fixed.stats["drafted"] > 0
+
+
+@pytest.mark.slow
+def test_lossless_on_smollm2_rewriting_a_function(smollm2_f16):
+    """The real target copying a function it renames: long drafts, the target's own tokens."""
+    plain = _generate(smollm2_f16, "none", HUMANEVAL_STYLE, 120)
+    spec = _generate(smollm2_f16, "prompt-lookup", HUMANEVAL_STYLE, 120)
+    assert spec.tokens == plain.tokens
+    assert spec.stats["accepted"] >= 40 and spec.stats["steps"] < len(plain.tokens) / 2
+
+
+def test_costs_shrug_off_steps_another_process_slowed():
+    """A shared machine: now and then a one-token step takes 10x its cost. A mean of the last
+    steps priced t(1) at 3.6x its cost, every batch looked free, and weak copies were drafted;
+    medians keep the ratio."""
+    cm = CostModel()
+    for i in range(8):
+        cm.observe_verify(1, 0.100 if i % 4 == 3 else 0.010)
+        cm.observe_verify(9, 0.034)
+    assert cm.verify_ratio(8) == pytest.approx(3.4, rel=0.05)

@@ -6,6 +6,8 @@ batch of k draft tokens + 1, and d, drafting one token, both in units of t(1), o
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from typing import Callable
 
 __all__ = ["CostModel", "RECALIBRATE_STEPS"]
@@ -20,6 +22,13 @@ RECALIBRATE_STEPS = 200
 #: (a 2-core EPYC: 0.15, t(64) = 15 t(1); turn 1's machine: about 0.02); a slope too high only
 #: makes the first drafts short until the measurements take over.
 DEFAULT_SLOPE = 0.15
+#: before any batch is timed, a batch of n >= 2 tokens is priced PRIOR_BATCH_OVERHEAD t(1) above
+#: the prior line: a one-token step is a matrix-vector product, a batch a matrix product with
+#: other kernels (the EPYC: t(2) = 1.9 t(1)); a GPU's batches cost less, which the first timed
+#: batch shows
+PRIOR_BATCH_OVERHEAD = 0.3
+#: timings kept per batch-size bucket (and of one-token steps) for their medians
+WINDOW = 9
 #: batch sizes are pooled by powers of two (2, 3-4, 5-8, ...): each bucket keeps its own mean
 #: time, and the curve is interpolated between them (a line fitted to batches of 30-60 tokens
 #: prices an 8-token batch at 1.3x its cost on a CPU)
@@ -64,9 +73,11 @@ class CostModel:
         self._one_w = self._one_s = 0.0  # one-token steps
         self._since_one = 0              # batches timed since the last one-token step
         self._draft_s = self._draft_n = 0.0
-        self._bw = [0.0] * (len(_BUCKET_SIZES) + 1)   # decayed counts of batches per size bucket
-        self._bn = [0.0] * (len(_BUCKET_SIZES) + 1)   # their decayed sizes
-        self._bt = [0.0] * (len(_BUCKET_SIZES) + 1)   # their decayed times
+        # the latest timings per size bucket and of one-token steps, for medians: on a shared
+        # machine a step now and then takes several times its cost (another process had the
+        # cores), and a mean of those prices every batch by them
+        self._recent: list[deque] = [deque(maxlen=WINDOW) for _ in range(len(_BUCKET_SIZES) + 1)]
+        self._ones: deque = deque(maxlen=WINDOW)
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
         """A target step that evaluated `n_tokens` tokens (1 for a plain decode) took `seconds`.
@@ -82,18 +93,14 @@ class CostModel:
         if n_tokens == 1:
             self._one_w = self._one_w * g + 1.0
             self._one_s = self._one_s * g + seconds
+            self._ones.append(seconds)
             if self._w > 0.0 and self._sn > self._w:  # batches seen: the line is theirs alone
                 return
         elif self._w > 0.0 and self._sn <= self._w:  # the first batch: drop the one-token points
             self._w = self._sn = self._snn = self._st = self._snt = 0.0
         if n_tokens > 1:
             b = _bucket(n_tokens)
-            self._bw = [x * g for x in self._bw]
-            self._bn = [x * g for x in self._bn]
-            self._bt = [x * g for x in self._bt]
-            self._bw[b] += 1.0
-            self._bn[b] += n_tokens
-            self._bt[b] += seconds
+            self._recent[_bucket(n_tokens)].append((n_tokens, seconds))
         self._w = self._w * g + 1.0
         self._sn = self._sn * g + n_tokens
         self._snn = self._snn * g + n_tokens * n_tokens
@@ -137,8 +144,8 @@ class CostModel:
     @property
     def decode_seconds(self) -> float | None:
         """Estimated time of one plain decode step t(1): measured, else from the line."""
-        if self._one_w > 0.0:
-            return self._one_s / self._one_w
+        if self._ones:
+            return statistics.median(self._ones)
         ab = self.line()
         return None if ab is None else ab[0] + ab[1]
 
@@ -150,7 +157,7 @@ class CostModel:
 
     def verify_ratios(self, k_max: int) -> list[float]:
         """[verify_ratio(k) for k in 0..k_max], computed at once: t(k+1) interpolated between the
-        mean (size, time) of each size bucket measured, past the measured ones along the fitted
+        median (size, time) of each size bucket measured (the latest WINDOW timings), past the measured ones along the fitted
         line's slope (the prior slope before batch sizes vary), over t(1); never below 1 and never
         falling with k."""
         if self.verify_ratio_fn is not None:
@@ -161,12 +168,12 @@ class CostModel:
         else:
             a, b = ab
         t1 = self.decode_seconds if ab is not None else a + b
-        pts = [(n / w, t / w) for w, n, t in zip(self._bw, self._bn, self._bt) if w > 1e-9]
+        pts = [(statistics.median(n for n, _ in r), statistics.median(t for _, t in r)) for r in self._recent if r]
         out, top = [1.0], 1.0
         for k in range(1, k_max + 1):
             n = k + 1
-            if not pts:
-                t = a + b * n
+            if not pts:  # nothing measured: the prior line, and a batch's own overhead
+                t = a + b * n + PRIOR_BATCH_OVERHEAD * (a + b)
             elif n <= pts[0][0]:
                 t = pts[0][1] - b * (pts[0][0] - n)
             elif n >= pts[-1][0]:
