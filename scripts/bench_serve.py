@@ -41,6 +41,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -359,7 +360,12 @@ def main() -> int:
     return 0
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt   # `kill` too stops the server in flight (the with-block's exit)
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         sys.exit(main())
     except BenchError as e:
