@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from llamaspec.speculative.drafters.base import Draft, Drafter, announce
-from llamaspec.speculative.match_controller import CopyEvidence, CopyStats
+from llamaspec.speculative.match_controller import AGREEMENT_EDGES, CopyEvidence, CopyStats, agreement_bucket
 
 __all__ = ["prompt_lookup_draft", "PromptLookupDrafter"]
 
@@ -215,10 +215,17 @@ class PromptLookupDrafter(Drafter):
                 if self.is_stop(int(t)):
                     src = src[:i + 1]
                     break
-        probs = []
-        for i, t in enumerate(src):
-            held, refused = s.held.get(t, 0), s.refused.get(t, 0)
-            probs.append(s.stats.p(match + i) * (held + 1) / (held + refused + 1))
+        # p by agreement bucket, computed once per bucket (a draft can be hundreds of tokens)
+        bucket_p = [s.stats.p(edge) for edge in AGREEMENT_EDGES] + [s.stats.p(AGREEMENT_EDGES[-1] + 1)]
+        last = AGREEMENT_EDGES[-1]
+        probs = [bucket_p[agreement_bucket(g)] for g in range(match, min(match + len(src), last + 1))]
+        probs += [bucket_p[-1]] * (len(src) - len(probs))
+        if s.refused:
+            for i, t in enumerate(src):
+                refused = s.refused.get(t)
+                if refused:
+                    held = s.held.get(t, 0)
+                    probs[i] *= (held + 1) / (held + refused + 1)
         return CopyEvidence(match, probs)
 
     def evidence(self, n: int, rival: int) -> int:
