@@ -12,7 +12,12 @@ accepted), the yardstick `bench` reports as `bound`.
 
     scripts/replay_drafters.py --record MODEL --prompt-preset code -o code.json
     scripts/replay_drafters.py --measure MODEL --prompt-preset code  # prints a curve at that depth
-    scripts/replay_drafters.py code.json --curve 1:1,2:1.8,8:3.3,16:5.2,32:9.5,64:16.3
+    scripts/replay_drafters.py --record MODEL --prompts suite.jsonl -o he.json   # he.ID.json each
+    scripts/replay_drafters.py code.json --curve 1:1,2:1.90,4:2.27,8:3.36,16:5.07,32:8.88,64:15.15
+
+"adaptive" gives the controllers the curve; "learnt costs" makes them learn it from the replayed
+step times as the engine does from measured ones (closer to a real run: the first drafts are
+sized before anything is measured).
 """
 
 from __future__ import annotations
@@ -29,43 +34,59 @@ from llamaspec.speculative.controller import DraftLengthController
 from llamaspec.speculative.costs import CostModel
 from llamaspec.speculative.drafters.ngram_mod import NgramModDrafter
 from llamaspec.speculative.drafters.ngram_simple import NgramSimpleDrafter
+from llamaspec.speculative.drafters.chain import ChainDrafter
 from llamaspec.speculative.drafters.prompt_lookup import PromptLookupDrafter
+from llamaspec.speculative.drafters.suffix import SuffixDrafter
+from llamaspec.speculative.options import MAX_DRAFT
 from llamaspec.speculative.match_controller import MatchController
 
 DRAFTERS = {
-    "prompt-lookup": lambda: PromptLookupDrafter(),
-    "ngram-simple": lambda: NgramSimpleDrafter(size_n=6, size_m=48),
-    "ngram-mod": lambda: NgramModDrafter(n_match=6, n_min=4, n_max=64),
+    "prompt-lookup": lambda eog: PromptLookupDrafter(size_m=MAX_DRAFT, is_stop=eog.__contains__),
+    "prompt-lookup,suffix": lambda eog: ChainDrafter([PromptLookupDrafter(size_m=MAX_DRAFT, is_stop=eog.__contains__),
+                                                      SuffixDrafter(size_m=MAX_DRAFT)]),   # the default
+    "ngram-simple": lambda eog: NgramSimpleDrafter(size_n=6, size_m=48),
+    "ngram-mod": lambda eog: NgramModDrafter(n_match=6, n_min=4, n_max=64),
 }
+T1 = 0.013   # seconds of a one-token step, when costs are learnt from replayed timings (any value)
 
 
 def replay(make, prompt: list[int], out: list[int], curve: dict[int, float], k_max: int = 32,
-           adaptive: bool = True) -> tuple[int, float]:
-    """(verify steps, modelled speedup) of generating `out` after `prompt` with this drafter."""
+           adaptive: bool = True, learn_costs: bool = False, eog: frozenset = frozenset()) -> tuple[int, float]:
+    """(verify steps, modelled speedup) of generating `out` after `prompt` with this drafter.
+
+    learn_costs: the controllers start knowing nothing of the curve and learn it from each step's
+    replayed time, T1 * t(n), as the engine does from measured ones (else they are given it)."""
     xs, ys = zip(*sorted(curve.items()))
     cost = lambda n: float(np.interp(n, xs, ys))  # noqa: E731
 
     def controller(c: CostModel, prior: float = 0.6) -> DraftLengthController:
         return DraftLengthController(n_min=1, n_max=k_max, cost=c, prior_alpha=prior)
 
-    drafter = make()
+    drafter = make(eog)
     ctls = {}
     for m in drafter.members():
-        c = CostModel(verify_ratio_fn=lambda k: cost(k + 1), draft_ratio_value=0.0)
+        c = CostModel() if learn_costs else CostModel(verify_ratio_fn=lambda k: cost(k + 1), draft_ratio_value=0.0)
         ctls[m.name] = MatchController(controller, c) if m.sizes_by_match else controller(c)
     drafter.begin(0, list(prompt), np.random.default_rng(0))
     history, pos, steps, spent = list(prompt), 0, 0, 0.0
     while pos < len(out):
+        room = min(k_max, len(out) - pos - 1)   # as the engine: the last token is never drafted
         draft = drafter.propose_within(
-            0, history, lambda d, match=None: ctls[d.name].choose(match) if adaptive else k_max)
-        toks = list(draft.tokens)[:k_max]
+            0, history, lambda d, match=None: min(room, ctls[d.name].choose(match) if adaptive else k_max))
+        toks = list(draft.tokens)[:room]
         acc = 0
         while acc < len(toks) and pos + acc < len(out) and toks[acc] == out[pos + acc]:
             acc += 1
         new = out[pos:pos + acc + 1]
-        for ctl in ctls.values():
-            ctl.observe(len(toks), acc) if toks else ctl.observe(0, 0)
-        drafter.accepted(0, acc, new)
+        seconds = T1 * cost(len(toks) + 1) if learn_costs else None
+        for name, ctl in ctls.items():   # as the engine: the author learns, the others see the cost
+            if not toks:
+                ctl.observe(0, 0, verify_seconds=seconds)
+            elif name == draft.source:
+                ctl.observe(len(toks), acc, verify_seconds=seconds, draft_seconds=0.0 if learn_costs else None)
+            elif seconds is not None:
+                ctl.observe_cost(len(toks) + 1, seconds)
+        drafter.accepted(0, acc, new, is_other=not toks)
         history += new
         pos += len(new)
         steps += 1
@@ -84,7 +105,9 @@ def record(model: str, preset: str, n: int, path: Path, prompts: Path | None = N
         for out_path, text in jobs:
             result = g.generate(text)
             _, prompt, _ = format_prompt(g.pipeline.target, text)
-            out_path.write_text(json.dumps({"prompt": prompt, "out": result.tokens}))
+            target = g.pipeline.target
+            eog = [t for t in range(target.n_vocab) if target.is_eog(t)]
+            out_path.write_text(json.dumps({"prompt": prompt, "out": result.tokens, "eog": eog}))
             print(f"{out_path}: {len(prompt)} prompt tokens, {len(result.tokens)} generated", file=sys.stderr)
 
 
@@ -106,7 +129,7 @@ def measure(model: str, preset: str, threads: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace", nargs="*", type=Path, help="recorded outputs (JSON: prompt, out)")
-    ap.add_argument("--curve", default="1:1,2:1.8,4:2.2,8:3.3,16:5.2,32:9.5,64:16.3",
+    ap.add_argument("--curve", default="1:1,2:1.90,4:2.27,8:3.36,16:5.07,32:8.88,64:15.15",
                     help="verify cost t(n)/t(1) as n:ratio pairs (default: SmolLM2 F16, 2 threads, "
                          "2-core AVX-512 EPYC)")
     ap.add_argument("--k-max", type=int, default=32)
@@ -128,14 +151,15 @@ def main() -> None:
     for trace in a.trace:
         data = json.loads(trace.read_text())
         b = copy_bound(data["prompt"], data["out"], curve)
-        print(f"{trace.name}  {'copy bound':14s} {'oracle':12s} {b.steps:4d} steps  {b.speedup:.2f}x modelled "
+        print(f"{trace.name}  {'copy bound':20s} {'oracle':14s} {b.steps:4d} steps  {b.speedup:.2f}x modelled "
               f"({b.copied} of {b.tokens} tokens copied)")
+        eog = frozenset(data.get("eog", ()))
         for name, make in DRAFTERS.items():
-            for adaptive in (True, False):
-                steps, speed = replay(make, data["prompt"], data["out"], curve, a.k_max, adaptive)
-                how = "adaptive" if adaptive else f"fixed k={a.k_max}"
-                print(f"{trace.name}  {name:14s} {how:12s} {steps:4d} steps  {speed:.2f}x modelled")
-
+            for how, kw in (("adaptive", {}), ("learnt costs", {"learn_costs": True}),
+                            (f"fixed k={a.k_max}", {"adaptive": False})):
+                steps, speed = replay(make, data["prompt"], data["out"], curve, a.k_max, eog=eog, **kw)
+                print(f"{trace.name}  {name:20s} {how:14s} {steps:4d} steps  {speed:.2f}x modelled, "
+                      f"{speed / b.speedup:.2f} of the bound")
 
 if __name__ == "__main__":
     main()
