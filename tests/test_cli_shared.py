@@ -41,7 +41,7 @@ def test_shared_flags_have_one_declaration_on_every_command():
         params = seen[flag]
         assert len(params) >= 2, (flag, list(params))
         assert len({(tuple(p.opts), tuple(p.secondary_opts), p.help) for p in params.values()}) == 1, flag
-    assert set(seen["--offline"]) == {"run", "batch", "bench", "check", "pair", "pull", "tune"}
+    assert set(seen["--offline"]) == {"run", "chat", "serve", "batch", "bench", "check", "pair", "pull", "tune"}
     assert seen["--offline"]["pull"].help == "Never use the network (local files and cache only)."
     assert set(seen["--json"]) == set(seen["-q"]) == set(seen["-v"]) == set(typer.main.get_command(app).commands)
     assert {"run", "batch", "bench"} <= set(seen["--spec-ngram-mod-n-max"])

@@ -101,13 +101,17 @@ def test_bad_flags_are_usage_errors(run_cli, tiny_models, args, code, needle):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_incompatible_draft_is_refused_with_the_rule(run_cli, tiny_models):
-    r = run_cli("run", str(tiny_models["target"]), "-p", "hi", "-n", "4", "--draft", str(tiny_models["spm"]))
-    assert r.exit_code == 1
-    assert "vocabulary type" in r.stderr and "--force-draft" in r.stderr
-    forced = run_cli("run", str(tiny_models["target"]), "-p", "hi", "-n", "4", "--temp", "0", "-t", "1",
-                     "--draft", str(tiny_models["spm"]), "--force-draft", "--json")
-    assert forced.exit_code == 0 and "warning" in forced.stderr
+def test_another_vocabulary_drafts_translated_and_a_misfit_is_refused(run_cli, tiny_models, tmp_path):
+    common = ("run", str(tiny_models["target"]), "-p", "hi", "-n", "8", "--temp", "0", "-t", "1", "--json")
+    plain = run_cli(*common, "--spec-type", "none")
+    other = run_cli(*common, "--draft", str(tiny_models["spm"]))   # SPM draft for a BPE target
+    assert other.exit_code == 0 and "translated" in other.stderr, other.stderr
+    assert other.json()["tokens"] == plain.json()["tokens"]
+    from tests.test_detect_drafts import eagle3
+
+    bad = eagle3(tmp_path / "e.gguf", layers=(0, 2, 9))   # made for another target: cannot draft at all
+    r = run_cli("run", str(tiny_models["target"]), "-p", "hi", "-n", "4", "--draft", str(bad))
+    assert r.exit_code == 1 and "--force-draft" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_broken_model_files_are_one_line_errors(run_cli, tiny_models, tmp_path):

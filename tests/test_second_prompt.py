@@ -46,6 +46,7 @@ CASES = {
     "ngram-mod": ("bigram_target", None, BIGRAM_A, BIGRAM_B),
     "ngram-cache": ("target", None, TINY_A, TINY_B),
     "prompt-lookup": ("bigram_target", None, BIGRAM_A, BIGRAM_B),
+    "suffix": ("bigram_target", None, BIGRAM_A, BIGRAM_B),
     "draft-simple": ("target", "draft", TINY_A, "once upon a time there was a little fox who"),
     "draft-eagle3": ("bigram_target", "eagle3", BIGRAM_A, BIGRAM_B),
     "draft-mtp": ("mtp", None, TINY_A, "once upon a time there was a little fox who"),
@@ -53,9 +54,10 @@ CASES = {
     "draft-dflash": ("bigram_target", "dflash", BIGRAM_A, BIGRAM_B),
     "draft-dspark": ("bigram_target", "dspark", BIGRAM_A, BIGRAM_B),
 }
-# ngram-mod's pool is shared by all sequences and kept across prompts (llama.cpp's design): its
-# reference is the same prompts in the same order, on one pipeline whose prefix cache is dropped.
-SHARED_STATE = {"ngram-mod"}
+# ngram-mod's pool is shared by all sequences and kept across prompts (llama.cpp's design), and
+# suffix learns from every finished request (its purpose): their reference is the same prompts in
+# the same order, on one pipeline whose prefix cache is dropped.
+SHARED_STATE = {"ngram-mod", "suffix"}
 
 
 def test_every_drafting_spec_type_is_covered():
