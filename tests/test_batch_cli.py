@@ -127,7 +127,29 @@ def test_killed_and_resumed_job_has_every_id_once_and_the_uninterrupted_text(tin
     assert kills >= 3, "the job must have been killed mid-way for this test to mean anything"
     got, want = _records(out), _records(ref)
     assert set(got) == set(want) == {f"p{i}" for i in range(30)}
-    assert all(got[k]["text"] == want[k]["text"] for k in want)
+    differ = [k for k in want if got[k]["text"] != want[k]["text"]]
+    # A resumed job pairs other sequences in its batches: a flip where the target's two best logits
+    # are nearly tied is float noise (README); anything else is a bug. (measured: gaps ~2e-4)
+    for k in differ:
+        assert _near_tie_gap(tiny_models["target"], PROMPTS[int(k[1:])], got[k]["text"], want[k]["text"]) < 0.01, k
+    assert len(differ) <= 3, differ
+
+
+def _near_tie_gap(model: Path, prompt: str, a: str, b: str) -> float:
+    """The target's top-2 logit gap where plain greedy decoding reaches the first character at
+    which texts a and b part."""
+    from engine_helpers import top2_gap
+
+    part = next(i for i in range(min(len(a), len(b)) + 1) if i == min(len(a), len(b)) or a[i] != b[i])
+    with Generator(model, spec_type="none", temperature=0, max_tokens=160, threads=1) as g:
+        prompt_tokens = g.tokenize(prompt)
+        tokens = g.generate(prompt).tokens
+        target = g.pipeline.target
+        text, j = "", 0
+        while j < len(tokens) and len(text) + len(target.token_text(tokens[j])) <= part:
+            text += target.token_text(tokens[j])
+            j += 1
+        return top2_gap(target, prompt_tokens, tokens[:j])
 
 
 def test_progress_lines_and_summary_without_a_terminal(run_cli, tiny_models, tmp_path, monkeypatch):
