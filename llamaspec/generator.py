@@ -121,6 +121,10 @@ class Generator(OpenAIMethods):
 
     def _load(self, model: str | Path | None, o: "GenerationOptions", tuned: bool) -> None:
         from llamaspec.resolve import resolve
+        from llamaspec.runtime import wait_policy
+
+        waits = wait_policy.apply(o.threads) or wait_policy.applied()   # before llama.cpp (and OpenMP) loads
+
         from llamaspec.speculative.options import NgramParams, SpecOptions
         from llamaspec.speculative.pipeline import load_pipeline
 
@@ -128,6 +132,8 @@ class Generator(OpenAIMethods):
         self.resolved = resolve(None if model is None else str(model), None if o.draft is None else str(o.draft),
                                 o.spec_type, offline=o.offline, force_draft=o.force_draft, search=o.search)
         r = self.resolved
+        if waits:
+            r.notes.append(waits)
         draft_max = o.draft_max if o.draft_max is not None else r.draft_max
         draft_p_min, ngram = o.draft_p_min, o.ngram or NgramParams()
         # -- a configuration stored by `llamaspec tune` for these files (llamaspec/tune/apply.py):

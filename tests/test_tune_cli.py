@@ -59,7 +59,12 @@ def test_tune_stores_a_config_and_the_next_run_uses_it(run_cli, pair, one_prompt
     rounds = info["sweep"]["rounds"]
     assert [x["name"] for x in rounds][0] == "coarse" and rounds[0]["candidates"]
     assert {"draft-simple", "ngram-mod"} <= {c["spec_type"] for c in rounds[0]["candidates"]}
-    assert [x["name"] for x in rounds][-1] == "confirm" and "fine" not in [x["name"] for x in rounds]
+    names = [x["name"] for x in rounds]
+    # a confirm round follows unless no candidate could be confirmed: each rejected or accepting
+    # nothing (6 tokens of the random tiny target can give no accepted draft at all)
+    assert (names[-1] == "confirm"
+            or all(c["rejected"] or not c["accepted"] for x in rounds for c in x["candidates"])), rounds
+    assert "fine" not in names
     specs = {c["spec_type"] for x in rounds for c in x["candidates"]}
     chains = {s for s in specs if "," in s}   # the best n-gram types (if any drafted) with the draft
     assert all(s.endswith(",draft-simple") for s in chains) and len(chains) <= 1   # quick: the best one

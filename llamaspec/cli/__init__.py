@@ -28,6 +28,10 @@ def main(argv: list[str] | None = None) -> None:
     from llamaspec.cli._generation import join_pairs
 
     args = join_pairs(list(sys.argv[1:] if argv is None else argv))
+    if not any(a in ("-h", "--help") for a in args):
+        from llamaspec.runtime import wait_policy
+
+        wait_policy.apply(wait_policy.threads_from_args(args))   # before anything loads llama.cpp
     restore = install_signal_handlers()   # SIGTERM like Ctrl-C: partial results kept, exit 143
     try:
         try:

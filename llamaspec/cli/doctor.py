@@ -37,6 +37,8 @@ def _render(info: dict, console) -> None:
                    else "memory not reported")
             t.add_row("memory", f"{d['name']} ({d['type']}) {mem}")
         t.add_row("-ngl/-ngld", off["auto"] + (f" ({off['error']})" if off["error"] else ""))
+    if info.get("thread_wait"):
+        t.add_row("thread waiting", info["thread_wait"])
     console.print(t)
     if info["gpu_build_commands"]:
         console.print("\nFor GPU offload (-ngl / -ngld), reinstall llama-cpp-python with your backend:")
@@ -60,6 +62,9 @@ def doctor(*, out: Output) -> None:
 
     info = collect()
     info["offload"] = offload_report()   # devices, free memory, what -ngl/-ngld auto does here
+    from llamaspec.runtime.wait_policy import choose
+
+    info["thread_wait"] = choose(None).reason   # what run/batch/serve choose now (OMP_WAIT_POLICY)
     if out.verbose:
         out.detail(info["system_info"])
     out.data(info, human=lambda c: _render(info, c), quiet=info["llama_cpp_python"])

@@ -148,24 +148,14 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
 
 
 def _passive_when_busy(out: Output, threads: int | None) -> str | None:
-    """On a machine where other work already runs, llama.cpp's OpenMP threads spinning at each
-    barrier wait whole scheduler slices for a descheduled peer: measured here, 32 tokens of
-    SmolLM2 at -t 2 under a load of 11 took 74 s spinning and 4 s waiting passively. So when our
-    threads would not have the cores to themselves, they wait passively for this process (unless
-    OMP_WAIT_POLICY is set), and the store records it. Only before llama_cpp is loaded (libgomp
-    reads it once)."""
-    import os
-    import sys
+    """OMP_WAIT_POLICY=PASSIVE on a busy machine (runtime/wait_policy.py), before llama.cpp loads;
+    the store records it, as the ratios it measured were taken with it."""
+    from llamaspec.runtime import wait_policy
 
-    if os.environ.get("OMP_WAIT_POLICY") or "llama_cpp" in sys.modules or not hasattr(os, "getloadavg"):
+    note = wait_policy.apply(threads) or wait_policy.applied()
+    if note is None:
         return None
-    cores = os.cpu_count() or 1
-    load = os.getloadavg()[0]
-    if load + (threads or cores) <= cores + 0.5:
-        return None
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    out.info(f"the machine is busy (load {load:.1f} on {cores} cores): llama.cpp's threads wait passively "
-             "while tuning (OMP_WAIT_POLICY=PASSIVE), and ratios are noisier")
+    out.info(note + "; ratios are noisier while tuning")
     return "PASSIVE"
 
 
