@@ -14,24 +14,14 @@ import pytest
 
 from llamaspec.tune import store
 from llamaspec.tune.store import TunedConfig
+from tune_fixtures import config_dir, model_pair  # noqa: F401 - fixtures
 
 FAST = ("-n", "6", "-t", "1")
 
 
-@pytest.fixture(autouse=True)
-def config_dir(tmp_path, monkeypatch):
-    d = tmp_path / "cfg"
-    monkeypatch.setenv(store.ENV_CONFIG_DIR, str(d))
-    return d
-
-
 @pytest.fixture
-def pair(tiny_models, tmp_path):
-    """Copies of the tiny target and draft (tests change their files)."""
-    t, d = tmp_path / "target.gguf", tmp_path / "draft.gguf"
-    shutil.copy2(tiny_models["target"], t)
-    shutil.copy2(tiny_models["draft"], d)
-    return t, d
+def pair(model_pair):
+    return model_pair
 
 
 @pytest.fixture

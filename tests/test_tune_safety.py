@@ -5,30 +5,20 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 
 import pytest
 
 from llamaspec.tune import store
 from llamaspec.tune.store import TunedConfig
+from tune_fixtures import config_dir, model_pair  # noqa: F401 - fixtures
 
 FAST = ("-n", "4", "-t", "1")
 NOT_UTF8 = b"\xff\xfe garbage"
 
 
-@pytest.fixture(autouse=True)
-def config_dir(tmp_path, monkeypatch):
-    d = tmp_path / "cfg"
-    monkeypatch.setenv(store.ENV_CONFIG_DIR, str(d))
-    return d
-
-
 @pytest.fixture
-def pair(tiny_models, tmp_path):
-    t, d = tmp_path / "target.gguf", tmp_path / "draft.gguf"
-    shutil.copy2(tiny_models["target"], t)
-    shutil.copy2(tiny_models["draft"], d)
-    return t, d
+def pair(model_pair):
+    return model_pair
 
 
 @pytest.fixture

@@ -13,13 +13,7 @@ from llamaspec.tune import store
 from llamaspec.tune.apply import apply_tuned, tuned_summary
 from llamaspec.tune.identity import EDGE, file_identity
 from llamaspec.tune.store import TunedConfig
-
-
-@pytest.fixture(autouse=True)
-def config_dir(tmp_path, monkeypatch):
-    d = tmp_path / "cfg"
-    monkeypatch.setenv(store.ENV_CONFIG_DIR, str(d))
-    return d
+from tune_fixtures import config_dir  # noqa: F401 - fixture
 
 
 @pytest.fixture

@@ -82,6 +82,9 @@ NgldOpt = Annotated[Optional[str], typer.Option(
     callback=_gpu_layers("-ngld"),
     help="Draft layers on the GPU; -1 or all: every layer. Default auto: all if they fit.")]
 SystemOpt = Annotated[Optional[str], typer.Option("--system", help="System message (chat mode).")]
+TargetArg = Annotated[Optional[str], typer.Argument(
+    help="Target GGUF: a path or Hub reference (org/repo:QUANT). Default: the bundled SmolLM2.")]
+ColorOpt = Annotated[bool, typer.Option("--color", help="Show accepted draft tokens in colour.")]
 PAIR_SEP = "\x1f"   # main() joins `--spec-replace TARGET DRAFT` into one value (typer has no 2-value lists)
 SpecReplaceOpt = Annotated[Optional[list[str]], typer.Option(
     "--spec-replace", metavar="TARGET DRAFT",

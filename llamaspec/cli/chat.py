@@ -11,14 +11,14 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Callable, Optional
+from typing import TYPE_CHECKING, Callable
 
 import typer
 
 from llamaspec.cli._chat_session import (
     HELP, Message, MultiLine, Totals, answer_room, fit_history, footer, save_messages,
 )
-from llamaspec.cli._generation import generation_flags
+from llamaspec.cli._generation import ColorOpt, TargetArg, generation_flags
 from llamaspec.cli._options import draft_size_warning, ngram_flags, output_flags
 from llamaspec.cli._output import Output, escape
 from llamaspec.cli.app import app
@@ -37,9 +37,8 @@ EXIT_HINT = "Use Ctrl + d or /bye to exit."
 @ngram_flags
 @generation_flags
 def chat(
-    model: Annotated[Optional[str], typer.Argument(
-        help="Target GGUF: a path or Hub reference (org/repo:QUANT). Default: the bundled SmolLM2.")] = None,
-    color: Annotated[bool, typer.Option("--color", help="Show accepted draft tokens in colour.")] = False,
+    model: TargetArg = None,
+    color: ColorOpt = False,
     *,
     gen: GenerationOptions,
     ngram: NgramParams,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
-from llamaspec.cli._generation import generation_flags
+from llamaspec.cli._generation import ColorOpt, TargetArg, generation_flags
 from llamaspec.cli._options import (
     FileOpt, PromptOpt, draft_size_warning, ngram_flags, output_flags, read_prompt_file,
 )
@@ -40,11 +40,10 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
 @ngram_flags
 @generation_flags
 def run(
-    model: Annotated[Optional[str], typer.Argument(
-        help="Target GGUF: a path or Hub reference (org/repo:QUANT). Default: the bundled SmolLM2.")] = None,
+    model: TargetArg = None,
     prompt: PromptOpt = None,
     file: FileOpt = None,
-    color: Annotated[bool, typer.Option("--color", help="Show accepted draft tokens in colour.")] = False,
+    color: ColorOpt = False,
     *,
     gen: GenerationOptions,
     ngram: NgramParams,

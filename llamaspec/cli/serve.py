@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from llamaspec.cli._generation import generation_flags
+from llamaspec.cli._generation import TargetArg, generation_flags
 from llamaspec.cli._options import at_least, draft_size_warning, in_range, ngram_flags, output_flags
 from llamaspec.cli._output import Output
 from llamaspec.cli.app import app
@@ -38,8 +38,7 @@ def require_server_extra() -> None:
 @ngram_flags
 @generation_flags
 def serve(
-    model: Annotated[Optional[str], typer.Argument(
-        help="Target GGUF: a path or Hub reference (org/repo:QUANT). Default: the bundled SmolLM2.")] = None,
+    model: TargetArg = None,
     parallel: Annotated[int, typer.Option(
         "--parallel", "-np", help="Slots decoded together in one context (requests beyond them wait).",
         callback=at_least("--parallel", 1))] = 1,
