@@ -132,8 +132,8 @@ class Generator(OpenAIMethods):
         self.resolved = resolve(None if model is None else str(model), None if o.draft is None else str(o.draft),
                                 o.spec_type, offline=o.offline, force_draft=o.force_draft, search=o.search)
         r = self.resolved
-        if waits:
-            r.notes.append(waits)
+        # a load-dependent line is detail (run -v, doctor), not a note: output must not follow load
+        self.thread_wait = waits
         draft_max = o.draft_max if o.draft_max is not None else r.draft_max
         draft_p_min, ngram = o.draft_p_min, o.ngram or NgramParams()
         # -- a configuration stored by `llamaspec tune` for these files (llamaspec/tune/apply.py):

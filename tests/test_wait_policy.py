@@ -35,9 +35,9 @@ except SystemExit as e:
 """
 
 
-def test_run_on_a_busy_machine_waits_passively_and_says_so(tiny_models):
+def test_run_on_a_busy_machine_waits_passively_and_says_so_with_v(tiny_models):
     r = subprocess.run([sys.executable, "-c", _RUN_BUSY, "run", str(tiny_models["target"]), "-p", "hi", "-n", "3",
-                        "--temp", "0", "-t", "1", "--spec-type", "none"], capture_output=True, text=True,
+                        "--temp", "0", "-t", "1", "--spec-type", "none", "-v"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert "POLICY=PASSIVE EXIT=0" in r.stderr, r.stderr[-2000:]
     assert "wait passively" in r.stderr

@@ -71,7 +71,9 @@ def run(
         out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")
         placed = g.pipeline.target.buffers  # the policy the load applied, not a second decision
         out.detail(placed.decision.reason + (f"; {placed.note}" if placed.note else ""))
-        out.detail(f"GPU offload: {g.pipeline.offload.reason}")   # -ngl/-ngld as loaded (runtime/offload.py)
+        out.detail(f"GPU offload: {g.pipeline.offload.reason}")
+        if g.thread_wait:
+            out.detail(g.thread_wait)   # OMP_WAIT_POLICY chosen from the load (runtime/wait_policy.py)   # -ngl/-ngld as loaded (runtime/offload.py)
         check_prompt_fits(len(g.tokenize(text)), g.n_ctx, gen.ctx_size)
         on_text = None if out.json else _streamer(out, color)
         try:
