@@ -55,8 +55,9 @@ def _stamp_of(path: Path, source: Path | None) -> dict:
     st = path.stat()
     d = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
     if source is not None:
-        s = source.stat()
-        d["source"] = [str(source), s.st_size, s.st_mtime_ns]
+        # name and size, not path and mtime: every venv (a developer's, CI's) installs its own copy
+        # of the same pinned package, and each would otherwise regenerate the shared cache
+        d["source"] = [source.name, source.stat().st_size]
     return d
 
 
