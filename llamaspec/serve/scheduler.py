@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from llamaspec.errors import LlamaspecError, UsageError
 from llamaspec.openai_format import param_of
+from llamaspec.speculative.prefix import common_prefix
 
 if TYPE_CHECKING:
     from llamaspec.generator import Generator, Request
@@ -202,9 +203,7 @@ class Scheduler:
             if slot in self._active:
                 continue
             cached = self.engine._cached.get(slot, [])
-            limit, n = min(len(cached), len(tokens) - 1), 0
-            while n < limit and cached[n] == tokens[n]:
-                n += 1
+            n = common_prefix(cached, tokens, limit=len(tokens) - 1)
             key = (n, -self._last_used[slot])
             if best is None or key > best[0]:
                 best = (key, slot, n)

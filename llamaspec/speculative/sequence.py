@@ -17,6 +17,7 @@ from llamaspec.speculative.controller import DraftLengthController
 from llamaspec.speculative.drafters.base import Draft
 from llamaspec.speculative.metrics import SpecStats
 from llamaspec.speculative.verify import SamplingParams
+from llamaspec.speculative.prefix import common_prefix
 
 
 @dataclass
@@ -113,10 +114,7 @@ class SequenceRun:
         eng, ctx, prompt = self.engine, self.engine.ctx, self.history
         t0 = time.perf_counter()
         cached = eng._cached.pop(self.seq_id, [])
-        keep = 0
-        limit = min(len(cached), len(prompt) - 1)  # the last prompt token is evaluated for its logits
-        while keep < limit and cached[keep] == prompt[keep]:
-            keep += 1
+        keep = common_prefix(cached, prompt, limit=len(prompt) - 1)  # the last one is evaluated for its logits
         if eng.drafter is not None:  # a drafter fed by the target's hidden states may need some again
             keep = max(0, min(keep, eng.drafter.reuse_prefix(self.seq_id, prompt, keep)))
         if not (keep and ctx.seq_rm(self.seq_id, keep, -1)):

@@ -40,6 +40,7 @@ from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.speculative.drafters.eagle3 import (
     FeatureTap, check_layers, check_runtime, check_single_sequence, draft_context, pick, process_or_raise,
 )
+from llamaspec.speculative.prefix import common_prefix
 
 _EXTRA = ("llama_set_causal_attn", "llama_vocab_mask", "llama_model_dflash_selector_top_k")
 
@@ -109,8 +110,7 @@ class DFlashDrafter(Drafter):
         # Injected rows stay where their tokens match the new prompt; the features from there on
         # come from the tap if it still holds them for these tokens, else from the target again.
         s = self._seqs.setdefault(seq_id, _Seq())
-        lim = min(len(s.toks), len(prompt_tokens))
-        s.n_done = next((i for i in range(lim) if s.toks[i] != prompt_tokens[i]), lim)
+        s.n_done = common_prefix(s.toks, prompt_tokens)
         del s.toks[s.n_done:]
         self.ctx.seq_rm(seq_id, s.n_done, -1)
         return keep if self.tap.reuse(seq_id, prompt_tokens, s.n_done, keep) else min(keep, s.n_done)
@@ -122,8 +122,7 @@ class DFlashDrafter(Drafter):
             return Draft([])
         s = self._seqs.setdefault(seq_id, _Seq())
         # An injected row at P depends on the tokens 0..P: keep the rows whose tokens still match.
-        lim = min(len(s.toks), n)
-        s.n_done = next((i for i in range(lim) if s.toks[i] != history[i]), lim)
+        s.n_done = common_prefix(s.toks, history, limit=n)
         feats = self.tap.get(seq_id, s.n_done, n, history) if s.n_done < n else np.empty((0, 0), np.float32)
         if feats is None:
             return Draft([])

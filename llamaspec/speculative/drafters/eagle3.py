@@ -44,6 +44,7 @@ from llamaspec.runtime.llama import Model
 from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.speculative.drafters.model import top_probability
 from llamaspec.speculative.verify import fit_to_vocab
+from llamaspec.speculative.prefix import common_prefix
 
 #: the staging functions a draft that reads target layers needs (src/llama-ext.h)
 NEEDS = ("llama_set_embeddings_layer_inp", "llama_get_embeddings_layer_inp", "llama_set_embeddings_nextn",
@@ -240,8 +241,7 @@ class Eagle3Drafter(Drafter):
         """The sequence's state, its draft rows cut to those still valid for `history`."""
         s = self._seqs.setdefault(seq_id, _Seq())
         # Rows stay valid while the tokens they were built from still are: row P used tokens <= P+1.
-        lim = min(len(s.toks), len(history))
-        q = next((i for i in range(lim) if s.toks[i] != history[i]), lim)
+        q = common_prefix(s.toks, history)
         s.n_done = max(0, min(s.n_done, q - 1))
         return s
 

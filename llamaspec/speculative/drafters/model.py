@@ -27,6 +27,7 @@ import numpy as np
 from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.runtime.context import Context
 from llamaspec.speculative.verify import fit_to_vocab, sample_dense
+from llamaspec.speculative.prefix import common_prefix
 
 #: llama.cpp's draft sampler keeps the 10 best candidates before its softmax (common/speculative.cpp)
 P_MIN_TOP_K = 10
@@ -126,10 +127,7 @@ class ModelDrafter(Drafter):
         it were decoded (the caller decodes it next, alone or with other sequences')."""
         cached = self._cached.setdefault(seq_id, [])
         # History only grows at its end, so everything up to the last sync point still matches.
-        p = min(self._synced.get(seq_id, 0), len(cached))
-        limit = min(len(cached), len(history))
-        while p < limit and cached[p] == history[p]:
-            p += 1
+        p = common_prefix(cached, history, start=self._synced.get(seq_id, 0))
         if p >= len(history):  # never re-use the last token's cached KV: we need its logits
             p = len(history) - 1
         shift = self._shift.get(seq_id, 0)   # history index - KV position, past the last splice

@@ -48,6 +48,7 @@ from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.errors import ModelLoadError, UsageError
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
+from llamaspec.speculative.prefix import common_prefix
 
 TOP_K = 10  # llama.cpp's MTP draft sampler: top-k 10, then the first candidate
 
@@ -142,9 +143,8 @@ class MtpDrafter(Drafter):
         rows = np.ctypeslib.as_array(ptr, shape=(m, self.n_embd))
         # MTP rows at re-evaluated positions stay valid only where the token is unchanged.
         if s.mtp_n > start_pos and not self.mem_shared:
-            j, lim = 0, min(s.mtp_n, start_pos + m) - start_pos
-            while j < lim and s.mtp_toks[start_pos + j] == tokens[j]:
-                j += 1
+            lim = min(s.mtp_n, start_pos + m) - start_pos
+            j = common_prefix(s.mtp_toks[start_pos:start_pos + lim], tokens)
             if j < lim:
                 s.mtp_n = start_pos + j
                 del s.mtp_toks[s.mtp_n:]
@@ -287,9 +287,7 @@ class MtpDrafter(Drafter):
         s.h, s.h_start, s.h_toks, s.broken = None, 0, [], False
         if self.mem_shared:  # nothing of ours in the memory: only the last prompt position's h is read
             return keep
-        q, lim = 0, min(s.mtp_n, len(prompt_tokens))
-        while q < lim and s.mtp_toks[q] == prompt_tokens[q]:
-            q += 1
+        q = common_prefix(s.mtp_toks, prompt_tokens, limit=s.mtp_n)
         self.ctx.seq_rm(seq_id, q, -1)
         s.mtp_n = q
         del s.mtp_toks[q:]

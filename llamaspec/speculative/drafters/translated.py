@@ -35,6 +35,7 @@ from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.speculative.drafters.model import GAP, SYNC_WINDOW, top_probability
 from llamaspec.speculative.drafters.translated_text import (
     complete_utf8_len, draft_to_target, replace_with_offsets, reverse_pairs, tokenize_tail)
+from llamaspec.speculative.prefix import common_prefix
 
 if TYPE_CHECKING:
     from llamaspec.runtime.context import Context
@@ -177,10 +178,7 @@ class TranslatedDrafter(Drafter):
         if not st.toks:
             return False
         cached = st.cached
-        p = min(st.floor, len(cached))   # tokens before the floor never change
-        limit = min(len(cached), len(st.toks))
-        while p < limit and cached[p] == st.toks[p]:
-            p += 1
+        p = common_prefix(cached, st.toks, start=st.floor)   # tokens before the floor never change
         p = min(p, len(st.toks) - 1)     # the last token is decoded again: its logits are needed
         if p < len(cached):
             if not self.ctx.seq_rm(seq_id, p - st.shift, -1):   # a recurrent draft: start over
