@@ -89,16 +89,3 @@ def check_stop(value, name: str = "stop") -> tuple[str, ...]:
     if not all(isinstance(s, str) and s for s in items):
         raise UsageError(f"{name} must be a string or a list of non-empty strings, not {value!r}")
     return items
-
-
-def check_messages(messages) -> list[dict]:
-    """Chat messages as the chat template wants them, from OpenAI's shapes too (content parts,
-    `developer`): the parser the server and batch use (llamaspec/openai_format.py), so every way in
-    accepts and refuses the same messages.
-
-        >>> check_messages([{"role": "user", "content": [{"type": "text", "text": "Hi"}]}])
-        [{'role': 'user', 'content': 'Hi'}]
-    """
-    from llamaspec.openai_format import parse_messages
-
-    return parse_messages(messages)

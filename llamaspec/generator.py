@@ -196,7 +196,7 @@ class Generator(OpenAIMethods):
     # -- generating ----------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Prompt tokens as `run` makes them: the chat template by default when the model has one."""
-        from llamaspec.generation_options import check_messages
+        from llamaspec.openai_format import parse_messages   # the one message parser (server, batch too)
 
         target = self._pipeline().target
         if isinstance(prompt, Request):
@@ -213,7 +213,7 @@ class Generator(OpenAIMethods):
             messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
                 {"role": "user", "content": prompt}]
         else:
-            messages = check_messages(prompt)
+            messages = parse_messages(prompt)
             if self.system and not any(m.get("role") == "system" for m in messages):
                 messages.insert(0, {"role": "system", "content": self.system})
         return target.tokenize_prompt(target.chat_prompt(messages))
