@@ -10,6 +10,7 @@ the next pull), and nothing half-written where a good file was (the tune store, 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -35,12 +36,20 @@ TIMEOUT = 90
 
 
 class Child:
-    """`llamaspec ARGS` in a child process, its stdout and stderr collected by threads."""
+    """`llamaspec ARGS` in a child process, its stdout and stderr collected by threads.
+
+    The pipes are shrunk to one page: the child cannot run more than 4 KiB of output ahead of what
+    this process has read. With the default 64 KiB a whole tiny-model run fits in the pipes, and on
+    a busy machine the child could finish before the test saw its first line, so the signal meant
+    for the middle of the run found a process that had already exited 0 (a CI failure)."""
 
     def __init__(self, *args, env: dict | None = None):
         full = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO)}
         self.p = subprocess.Popen([sys.executable, "-m", "llamaspec", *map(str, args)], env=full,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for stream in (self.p.stdout, self.p.stderr):
+            if hasattr(fcntl, "F_SETPIPE_SZ"):
+                fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, 4096)
         self.out: list[str] = []
         self.err: list[str] = []
         self._threads = [threading.Thread(target=self._pump, args=(s, buf), daemon=True)
@@ -73,6 +82,8 @@ class Child:
 
     def stop(self, sig: int) -> int:
         """Send `sig`, wait for the exit (a hang fails the test), return the exit code."""
+        if self.p.poll() is not None:   # the signal would test nothing: say so, not "exit 0 != 143"
+            pytest.fail(f"the child ended ({self.p.returncode}) before the signal: {self.stderr[-2000:]}")
         self.p.send_signal(sig)
         try:
             code = self.p.wait(timeout=TIMEOUT)
