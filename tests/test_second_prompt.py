@@ -138,3 +138,35 @@ def test_second_prompt_drafts_like_a_fresh_pipeline(models, case):
     # Hidden rows are trimmed as the draft catches up: a few verify batches' worth, not the text.
     bound = 3 * (DRAFT_MAX + 2)
     assert max(peak) <= bound, f"{case}: {peak} hidden-state rows held (bound {bound})"
+
+
+def test_a_draft_model_evaluates_only_the_new_tokens_of_a_continued_conversation(models):
+    """A chat's next turn (or a request back on its server slot) starts with the previous prompt
+    and answer: the draft model's KV keeps them, as the target's does, and only the new tokens are
+    evaluated in the draft. The output stays plain decoding's."""
+    case = "draft-simple"
+    first = TINY_A
+    with _generator(models, case, "none") as g:
+        turn1 = g.generate(first)
+        second = first + turn1.text + " and then the fox ran home"
+        plain = g.generate(second).tokens
+
+    with _generator(models, case) as g:
+        dctx = g.pipeline.drafter.ctx
+        evaluated: list[int] = []
+        real_decode = dctx.decode
+
+        def counting(tokens, *args, **kw):
+            evaluated.append(len(tokens))
+            return real_decode(tokens, *args, **kw)
+
+        dctx.decode = counting
+        g.generate(first)
+        evaluated.clear()
+        r = g.generate(second)
+        prompt_part = evaluated[0]   # begin(): the prompt's tokens the draft had not seen
+
+    assert r.tokens == plain
+    assert r.stats["n_prompt_cached"] > 0
+    assert prompt_part <= r.n_prompt - r.stats["n_prompt_cached"], (prompt_part, r.n_prompt, r.stats)
+    assert r.stats["drafted"] > 0

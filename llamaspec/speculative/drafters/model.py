@@ -104,16 +104,23 @@ class ModelDrafter(Drafter):
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
               rng: np.random.Generator | None = None) -> None:
-        """Evaluate the prompt in the draft now: it is prompt processing, timed as such."""
+        """Evaluate the prompt in the draft now: it is prompt processing, timed as such. What the
+        draft's KV still holds from the sequence's previous prompt (`end` keeps it) is reused up
+        to the first token that differs: a chat's next turn, a request that comes back to its
+        server slot, evaluate only their new tokens, as the target does."""
         self._rng[seq_id] = rng if rng is not None else np.random.default_rng()
-        self.ctx.seq_rm(seq_id, 0, -1)
-        self._cached[seq_id] = []
         self._synced[seq_id] = 0
-        self._shift[seq_id] = 0
         self._checkpoint.pop(seq_id, None)
         prompt = list(prompt_tokens)
+        keep = common_prefix(self._cached.get(seq_id, []), prompt, limit=max(0, len(prompt) - 1))
+        if not (keep and self.ctx.seq_rm(seq_id, keep, -1)):
+            keep = 0   # nothing shared, or a memory that cannot be cut: start over
+            self.ctx.seq_rm(seq_id, 0, -1)
+        self._cached[seq_id] = prompt[:keep]
+        self._shift[seq_id] = 0
+        if len(prompt) - 1 > keep:
+            self.ctx.decode(prompt[keep:-1], keep, seq_id, outputs=0)
         if len(prompt) > 1:
-            self.ctx.decode(prompt[:-1], 0, seq_id, outputs=0)
             self._cached[seq_id] = prompt[:-1]
             self._synced[seq_id] = len(prompt) - 1
 
@@ -239,9 +246,19 @@ class ModelDrafter(Drafter):
         return 0
 
     def end(self, seq_id: int) -> None:
-        self.ctx.seq_rm(seq_id, 0, -1)
+        """The sequence is over: its KV stays for the next prompt's prefix (`begin`), cut to what
+        it really holds. A record ahead of the KV (a decode cut short by Ctrl-C) is trimmed to the
+        memory's last position; a spliced record (positions shifted) or a recurrent memory is
+        not worth keeping: dropped."""
+        cached = self._cached.get(seq_id)
+        if cached and not self._shift.get(seq_id) and not self.ctx.model.needs_checkpoints:
+            n = min(len(cached), self.ctx.seq_pos_max(seq_id) + 1)
+            del cached[n:]
+            self.ctx.seq_rm(seq_id, n, -1)
+        else:
+            self.ctx.seq_rm(seq_id, 0, -1)
+            self._cached.pop(seq_id, None)
         self._rng.pop(seq_id, None)
-        self._cached.pop(seq_id, None)
         self._synced.pop(seq_id, None)
         self._shift.pop(seq_id, None)
         self._checkpoint.pop(seq_id, None)
