@@ -201,6 +201,55 @@ def test_a_dead_address_is_a_short_error_and_nothing_is_written(tiny_models, tmp
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]   # no OUTPUT, lock or manifest
 
 
+@pytest.mark.parametrize("answer", [None, b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"],
+                         ids=["silent", "http1"])
+def test_an_address_where_something_else_listens_is_a_short_error(tiny_models, tmp_path, answer):
+    """A TCP connect succeeds there, so only a protocol probe keeps ray.init from waiting minutes."""
+    pytest.importorskip("ray")
+    import threading
+
+    srv = socket.create_server(("", 0))   # every interface: Ray dials 127.0.0.1 as the node's own IP
+    port = srv.getsockname()[1]
+    held = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if answer is not None:
+                conn.recv(64)
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    inp, out = _write_input(tmp_path / "in.jsonl", 2), tmp_path / "out.jsonl"
+    try:
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "llamaspec", "batch", str(tiny_models["target"]), str(inp),
+                            "-o", str(out), "--ray", f"127.0.0.1:{port}"],
+                           env=_env(), capture_output=True, text=True, timeout=100)
+        took = time.monotonic() - t0
+    finally:
+        srv.close()
+        for c in held:
+            c.close()
+    assert r.returncode == 2, r.stderr
+    assert 1 <= len(r.stderr.strip().splitlines()) <= 4 and "not a Ray cluster" in r.stderr, r.stderr
+    assert took < 90   # (Ray alone: minutes of retries)
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+
+
+def test_the_probe_recognises_a_real_cluster(cluster):
+    from llamaspec.batch import ray_executor
+
+    host, _, port = cluster.rpartition(":")
+    ray_executor.probe(host, int(port))   # raises ConnectionError if the GCS were not recognised
+    assert ray_executor._is_settings_frame(bytes([0, 0, 6, 4, 0, 0, 0, 0, 0]))
+    assert not ray_executor._is_settings_frame(b"HTTP/1.1 400 Bad Request")
+
+
 def test_ray_workers_needs_ray(run_cli, tiny_models, tmp_path):
     inp, out = _write_input(tmp_path / "in.jsonl", 2), tmp_path / "out.jsonl"
     r = run_cli("batch", tiny_models["target"], inp, "-o", out, "--ray-workers", "2")

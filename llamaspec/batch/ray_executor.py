@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from llamaspec.generation_options import GenerationOptions
     from llamaspec.generator import Request, Result
 
-__all__ = ["require_ray", "connect", "shard_of", "RayExecutor", "GeneratorPredictor", "EXTRA_MESSAGE"]
+__all__ = ["require_ray", "connect", "probe", "shard_of", "RayExecutor", "GeneratorPredictor", "EXTRA_MESSAGE"]
 
 EXTRA_MESSAGE = "--ray needs the optional extra 'ray': pip install 'llamaspec[ray]'"
 PROBE_SECONDS = 3.0   # Ray itself retries a dead address for minutes: a plain TCP connect first
@@ -76,6 +76,36 @@ def _bootstrap_address(address: str | None) -> str | None:
     return canonicalize_bootstrap_address_or_die(address)
 
 
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+
+
+def probe(host: str, port: int, timeout: float = PROBE_SECONDS) -> None:
+    """Raise ConnectionError unless a gRPC server answers at host:port. Ray's GCS and its client
+    server speak gRPC, so the answer to HTTP/2's client preface is a SETTINGS frame (9-byte header,
+    type 4). A TCP connect alone is not enough: ray.init on a port where something else listens
+    (a web server, a silent socket) waits for minutes.
+
+        >>> _is_settings_frame(bytes([0, 0, 6, 4, 0, 0, 0, 0, 0]))
+        True
+        >>> _is_settings_frame(b"HTTP/1.1 400 Bad Request")
+        False
+    """
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(_H2_PREFACE)
+        head = b""
+        try:
+            while len(head) < 9 and (chunk := s.recv(9 - len(head))):
+                head += chunk
+        except socket.timeout:
+            raise ConnectionError(f"no answer within {timeout:g} s: not a Ray cluster") from None
+        if not _is_settings_frame(head):
+            raise ConnectionError("something else listens there: not a Ray cluster")
+
+
+def _is_settings_frame(head: bytes) -> bool:
+    return len(head) == 9 and head[3] == 4 and head[5:9] == b"\0\0\0\0"
+
+
 def connect(address: str | None) -> bool:
     """ray.init on `address` ("auto", host:port, ray://host:port, "local"; None: Ray's default),
     with Ray's own logging held back. A cluster that does not answer is a UsageError of one line
@@ -89,8 +119,7 @@ def connect(address: str | None) -> bool:
         target = _bootstrap_address(address)
         if target is not None:
             host, _, port = target.rpartition(":")
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS):
-                pass
+            probe(host.strip("[]"), int(port))
         _init_keeping_signals(ray, address)
         return True
     except (ConnectionError, OSError, ValueError, RuntimeError) as e:   # (RuntimeError: Ray's version mismatch)
