@@ -48,7 +48,6 @@ class Job:
     cancelled: bool = False            # set by the handler (client gone); read by the engine thread
     tokens: list[int] = field(default_factory=list)
     config: Any = None
-    cache_n: int = 0                   # prompt tokens its slot's KV cache already held
 
 
 class Scheduler:
@@ -179,7 +178,7 @@ class Scheduler:
             if job.cancelled:
                 self._finished(job)
                 continue
-            slot, job.cache_n = self._pick_slot(job.tokens)
+            slot = self._pick_slot(job.tokens)
             on_text = (lambda piece, from_draft, source, j=job: j.emit(("text", piece))) if job.stream else None
             seq = SequenceRun(self.engine, slot, job.tokens, job.config, on_text)
             try:
@@ -194,10 +193,10 @@ class Scheduler:
                 continue
             self._active[slot] = (job, seq)
 
-    def _pick_slot(self, tokens: list[int]) -> tuple[int, int]:
+    def _pick_slot(self, tokens: list[int]) -> int:
         """The free slot whose KV cache shares the longest prefix with `tokens` (ties: the least
-        recently used), and how many tokens it will reuse (as SequenceRun.start counts them: the
-        last prompt token is always evaluated, for its logits)."""
+        recently used). How much of it is reused is the engine's to say (a drafter fed by the
+        target's hidden states may need part of the prefix evaluated again): stats' n_prompt_cached."""
         best = None
         for slot in range(self.parallel):
             if slot in self._active:
@@ -207,7 +206,7 @@ class Scheduler:
             key = (n, -self._last_used[slot])
             if best is None or key > best[0]:
                 best = (key, slot, n)
-        return best[1], best[2]
+        return best[1]
 
     def _step(self) -> None:
         seqs = [seq for _, seq in self._active.values()]
@@ -235,9 +234,10 @@ class Scheduler:
             self._uses += 1
             self._last_used[slot] = self._uses
             result = self.gen._result(job.id, seq.finish())
-            self.metrics.finished(result, job.cache_n)
+            cache_n = result.stats.get("n_prompt_cached", 0)
+            self.metrics.finished(result, cache_n)
             if not job.cancelled:
-                job.emit(("done", result, job.cache_n))
+                job.emit(("done", result, cache_n))
             self._finished(job)
 
     def _fail(self, job: Job, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
