@@ -185,3 +185,29 @@ def test_parallel_refused(spec_drafts):
 def test_tiny_files_are_small(spec_drafts):
     sizes = {k: p.stat().st_size for k, p in spec_drafts.items()}
     assert all(s < 2_000_000 for s in sizes.values()), sizes
+
+
+def test_feature_rows_grow_without_copying_the_whole_block_each_decode():
+    """The tap adds a block of rows after every target decode; while drafting is paused nothing
+    trims them. Doubling the buffer keeps the copies to O(n): few reallocations for many rows, and
+    the rows read back are exactly the ones put in (replaced, cut and trimmed included)."""
+    import doctest
+
+    import numpy as np
+
+    from llamaspec.speculative.drafters import eagle3
+
+    assert doctest.testmod(eagle3, raise_on_error=False).failed == 0
+    f = eagle3._Feats(0, np.repeat(np.arange(3, dtype=np.float32)[:, None], 4, axis=1), [0, 1, 2])
+    buffers = set()
+    for p in range(3, 2003):   # position p holds the value p; now and then the last row is redone
+        if p % 7 == 0:
+            f.put(p - 1 - f.start, np.full((1, 4), p - 1, np.float32), [p - 1])
+        f.put(p - f.start, np.full((1, 4), p, np.float32), [p])
+        buffers.add(id(f._buf))
+    assert len(buffers) <= 12, len(buffers)   # ~log2(2000 / 16) + 1 growths, not one per decode
+    assert f.end == 2003 and f.rows[:, 0].tolist() == list(range(2003)) == f.toks
+    f.drop_front(1000)
+    assert f.start == 1000 and f.rows[:, 0].tolist() == list(range(1000, 2003)) == f.toks
+    f.cut(10)
+    assert f.end == 1010 and f.rows[:, 0].tolist() == list(range(1000, 1010))

@@ -80,15 +80,49 @@ def check_layers(spec_type: str, draft: Model, target: Model, layer_ids: list[in
     return n_layer
 
 
-@dataclass
 class _Feats:
-    start: int                       # position of rows[0]
-    rows: np.ndarray                 # [k, n_layers * n_embd] extracted layer inputs
-    toks: list[int] = field(default_factory=list)   # the tokens the target evaluated there
+    """A sequence's rows from position `start` on, with the tokens the target evaluated there.
+    Stored in a buffer that grows by doubling and is trimmed by moving an offset: a row block is
+    added after every target decode, and while drafting is paused nothing trims it, so copying the
+    whole block each time (np.concatenate) cost O(n^2) over a long generation.
+
+        >>> f = _Feats(5, np.zeros((2, 3), np.float32), [7, 8])
+        >>> f.put(2, np.ones((1, 3), np.float32), [9]); f.end, f.rows[:, 0].tolist()
+        (8, [0.0, 0.0, 1.0])
+        >>> f.drop_front(1); f.cut(1); f.start, f.toks, f.rows.shape
+        (6, [8], (1, 3))
+    """
+
+    def __init__(self, start: int, rows: np.ndarray, toks: list[int]):
+        self.start, self.toks = start, list(toks)
+        self._buf, self._off = rows, 0   # rows: a fresh array (the tap's copy), owned from here
 
     @property
     def end(self) -> int:
         return self.start + len(self.toks)
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._buf[self._off:self._off + len(self.toks)]
+
+    def put(self, keep: int, feat: np.ndarray, tokens: Sequence[int]) -> None:
+        """Keep the first `keep` rows, then `feat` (rows of `tokens`)."""
+        n = keep + len(feat)
+        if self._off + n > len(self._buf):
+            grown = np.empty((max(2 * n, 16), self._buf.shape[1]), dtype=self._buf.dtype)
+            grown[:keep] = self._buf[self._off:self._off + keep]
+            self._buf, self._off = grown, 0
+        self._buf[self._off + keep:self._off + n] = feat
+        del self.toks[keep:]
+        self.toks.extend(tokens)
+
+    def cut(self, n: int) -> None:
+        del self.toks[n:]
+
+    def drop_front(self, n: int) -> None:
+        self._off += n
+        self.start += n
+        del self.toks[:n]
 
 
 class FeatureTap:
@@ -117,10 +151,7 @@ class FeatureTap:
             # a new prompt, or positions never seen: drafts need rows from here on
             self.seqs[seq_id] = _Feats(start_pos, feat, list(tokens))
             return
-        keep = start_pos - f.start  # rows at >= start_pos were re-evaluated: replace them
-        f.rows = np.concatenate((f.rows[:keep], feat))
-        del f.toks[keep:]
-        f.toks.extend(tokens)
+        f.put(start_pos - f.start, feat, tokens)  # rows at >= start_pos were re-evaluated: replace them
 
     def get(self, seq_id: int, p0: int, p1: int, history: Sequence[int]) -> np.ndarray | None:
         """Rows for positions p0..p1-1, if the target evaluated exactly history's tokens there."""
@@ -137,9 +168,7 @@ class FeatureTap:
         sequence's rows (False: the next decode starts them anew)."""
         f = self.seqs.get(seq_id)
         if f is not None and f.start <= lo and hi <= f.end and f.toks[lo - f.start:hi - f.start] == list(prompt[lo:hi]):
-            cut = hi - f.start
-            f.rows = f.rows[:cut]
-            del f.toks[cut:]
+            f.cut(hi - f.start)
             return True
         self.seqs.pop(seq_id, None)
         return False
@@ -149,9 +178,7 @@ class FeatureTap:
         f = self.seqs.get(seq_id)
         drop = keep_from - f.start if f is not None else 0
         if drop > 0:
-            f.rows = f.rows[drop:]
-            f.start += drop
-            del f.toks[:drop]
+            f.drop_front(drop)
 
     def close(self) -> None:
         if self.tctx is not None:
