@@ -153,3 +153,32 @@ def test_members_get_their_own_limits():
     assert ch.members() == [a, b]
     d = ch.propose_within(0, [0], lambda m: 0 if m is a else 2)  # a paused: b drafts, cut to 2
     assert d.tokens == [4, 5] and d.source == "b" and a.log == []
+
+
+def test_a_refused_chain_frees_every_model_it_loaded(tiny_models, monkeypatch):
+    """`draft-simple,draft-eagle3` with a plain draft file: draft-simple loads the draft, then
+    EAGLE-3 refuses the file. The target and that draft are freed at once (a script that tries
+    configurations in a loop kept every one in memory until the garbage collector ran), and a
+    working chain's pipeline closes all of its drafters' models."""
+    from llamaspec.generator import Generator
+    from llamaspec.runtime import llama
+
+    loaded = []
+    real_init = llama.Model.__init__
+
+    def recording(self, *a, **kw):
+        real_init(self, *a, **kw)
+        loaded.append(self)
+
+    monkeypatch.setattr(llama.Model, "__init__", recording)
+    with pytest.raises(UsageError, match="EAGLE-3") as refused:
+        Generator(tiny_models["target"], draft=tiny_models["draft"], spec_type="draft-simple,draft-eagle3",
+                  threads=1, tuned=False)
+    assert len(loaded) == 3 and all(m.ptr is None for m in loaded), refused   # target, draft, EAGLE-3 try
+
+    loaded.clear()
+    g = Generator(tiny_models["target"], draft=tiny_models["draft"], spec_type="draft-simple,ngram-simple",
+                  threads=1, tuned=False, temperature=0, max_tokens=4)
+    g.generate("hello")
+    g.close()
+    assert len(loaded) == 2 and all(m.ptr is None for m in loaded)

@@ -31,6 +31,7 @@ class Pipeline:
     options: SpecOptions
     draft_model: Model | None = None
     offload: OffloadDecision | None = None   # the -ngl/-ngld the models were loaded with, and why
+    more_draft_models: tuple = ()            # a chain of model drafters: the others' models
 
     def config(self, **kw) -> GenerationConfig:
         opts = self.options
@@ -41,8 +42,9 @@ class Pipeline:
         """Free contexts and the draft model; the target too unless it was passed in to be reused."""
         if self.drafter is not None:
             self.drafter.close()
-        if self.draft_model is not None:
-            self.draft_model.close()
+        for m in (self.draft_model, *self.more_draft_models):
+            if m is not None:
+                m.close()
         self.ctx.close()
         if not keep_target:
             self.target.close()
@@ -70,9 +72,19 @@ def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingPar
 
         check_load(Path(target_path), draft, n_ctx=options.n_ctx, default_ctx=DEFAULT_CTX, n_seq=options.n_seq,
                    load_mtp=loads_mtp_layers(types), on_gpu=offload.n_gpu_layers != 0)
-    if target is None:
+    owned = target is None
+    if owned:
         target = Model(target_path, n_gpu_layers=placed.n_gpu_layers,
                        load_mtp=loads_mtp_layers(options.spec_types), amx=options.amx)
+    try:
+        return _build(target, options, placed, offload, sampling)
+    except BaseException:   # a refused draft, a context that cannot be made: free the target now
+        if owned:
+            target.close()
+        raise
+
+
+def _build(target: Model, options: SpecOptions, placed: SpecOptions, offload, sampling) -> Pipeline:
     n_ctx = options.n_ctx
     if n_ctx is None:  # past the training context a model degrades; llama.cpp warns about it
         n_ctx = min(DEFAULT_CTX, target.n_ctx_train) if target.n_ctx_train > 0 else DEFAULT_CTX
@@ -87,6 +99,10 @@ def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingPar
     # n_ctx is per sequence: llama.cpp gives each of n_seq_max sequences n_ctx / n_seq_max.
     ctx = Context(target, ContextConfig(n_ctx=n_ctx * options.n_seq, n_threads=options.n_threads,
                                         n_seq_max=options.n_seq))
-    built = build_drafter(placed, target, ctx, sampling or SamplingParams(temperature=0.0))
+    try:
+        built = build_drafter(placed, target, ctx, sampling or SamplingParams(temperature=0.0))
+    except BaseException:
+        ctx.close()
+        raise
     engine = SpecEngine(target, ctx, built.drafter)
-    return Pipeline(target, ctx, built.drafter, engine, options, built.draft_model, offload)
+    return Pipeline(target, ctx, built.drafter, engine, options, built.draft_model, offload, built.more_models)

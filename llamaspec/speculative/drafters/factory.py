@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 class Built:
     drafter: Drafter | None
     draft_model: "Model | None" = None   # loaded here, closed by the pipeline
+    more_models: tuple = ()              # a chain's other drafters' models (closed likewise)
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+        for m in (self.draft_model, *self.more_models):
+            if m is not None:
+                m.close()
 
 
 def _ngram_simple(opts, target, ctx, sampling) -> Built:
@@ -193,10 +201,17 @@ _BUILDERS: dict[str, Callable[..., Built]] = {
 def build_drafter(opts: SpecOptions, target: "Model", ctx: "Context", sampling: "SamplingParams") -> Built:
     """Drafter for opts.spec_types (put in priority order here); None for plain decoding.
     Unknown types and types llamaspec does not implement are usage errors."""
-    built = [_BUILDERS[t](opts, target, ctx, sampling) for t in parse_spec_types(opts.spec_types)]
+    built: list[Built] = []
+    try:
+        for t in parse_spec_types(opts.spec_types):
+            built.append(_BUILDERS[t](opts, target, ctx, sampling))
+    except BaseException:   # a later type refused: free what the earlier ones loaded
+        for b in built:
+            b.close()
+        raise
     if not built:
         return Built(None)
-    draft_model = next((b.draft_model for b in built if b.draft_model is not None), None)
     if len(built) == 1:
         return built[0]
-    return Built(ChainDrafter([b.drafter for b in built]), draft_model)
+    models = [b.draft_model for b in built if b.draft_model is not None]
+    return Built(ChainDrafter([b.drafter for b in built]), models[0] if models else None, tuple(models[1:]))
