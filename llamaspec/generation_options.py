@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from llamaspec.errors import UsageError
+from llamaspec.openai_format import parse_stop
 from llamaspec.speculative.verify import SamplingParams
 
 if TYPE_CHECKING:
@@ -78,14 +79,6 @@ def check_max_tokens(value, name: str = "max_tokens") -> int:
 
 
 def check_stop(value, name: str = "stop") -> tuple[str, ...]:
-    """A stop string or a list of them (OpenAI allows both) -> a tuple of non-empty strings."""
-    if value is None:
-        return ()
-    items = [value] if isinstance(value, str) else value
-    try:
-        items = tuple(items)
-    except TypeError:
-        raise UsageError(f"{name} must be a string or a list of strings, not {value!r}") from None
-    if not all(isinstance(s, str) and s for s in items):
-        raise UsageError(f"{name} must be a string or a list of non-empty strings, not {value!r}")
-    return items
+    """A stop string or a list of them -> a tuple of non-empty strings, by the one rule of
+    openai_format.parse_stop (empty strings dropped; its RequestError is a UsageError)."""
+    return tuple(parse_stop(value, name))

@@ -66,8 +66,11 @@ class Request:
     top_k: int | None = None
     min_p: float | None = None
     repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
-    SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty")  # SamplingParams fields
+    SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty",   # SamplingParams fields
+                "presence_penalty", "frequency_penalty")
 
 
 def finish_reason(stop_reason: str) -> str:
@@ -93,7 +96,8 @@ class Generator(OpenAIMethods):
                  threads: int | None = None, n_gpu_layers: int | None = None, n_gpu_layers_draft: int | None = None,
                  amx: bool | None = None, ngram=None, parallel: int = 1,
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, seed: int | None = None,
+                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, seed: int | None = None,
                  max_tokens: int = 256, stop: Sequence[str] = (), chat: bool | None = None,
                  system: str | None = None, offline: bool = False, force_draft: bool = False,
                  search: Sequence[Path] = (), tuned: bool = True, spec_replace: Sequence[tuple[str, str]] = ()):
@@ -101,7 +105,8 @@ class Generator(OpenAIMethods):
         from llamaspec.speculative.verify import SamplingParams
 
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                  repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n, seed=seed)
+                                  repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                  presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed)
         self._load(model, GenerationOptions(
             draft=draft, spec_type=spec_type, draft_max=draft_max, draft_min=draft_min, draft_p_min=draft_p_min,
             adaptive=adaptive, ngram=ngram, force_draft=force_draft, search=tuple(search), offline=offline,
@@ -190,7 +195,8 @@ class Generator(OpenAIMethods):
                 "draft": str(r.draft_path) if r.draft_path else None, "spec_type": r.spec_label,
                 "draft_max": o.draft_max, "draft_min": o.draft_min, "draft_p_min": o.draft_p_min,
                 "adaptive": o.adaptive, "n_ctx": self.n_ctx, "temperature": s.temperature, "top_k": s.top_k,
-                "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty, "seed": s.seed,
+                "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty,
+                "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty, "seed": s.seed,
                 "max_tokens": self.max_tokens, "stop": self.stop, "chat": self.chat, "system": self.system}
 
     # -- generating ----------------------------------------------------------------------------

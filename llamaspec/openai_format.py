@@ -66,7 +66,7 @@ UNSUPPORTED = {
     "response_format": lambda v: v is None or v == {"type": "text"},
     "tools": lambda v: v is None or v == [], "tool_choice": lambda v: v is None or v == "none",
     "functions": lambda v: v is None or v == [], "function_call": lambda v: v is None or v == "none",
-    "logit_bias": lambda v: not v, "presence_penalty": lambda v: not v, "frequency_penalty": lambda v: not v,
+    "logit_bias": lambda v: not v,
     "audio": _off, "modalities": lambda v: v is None or v == ["text"], "prediction": _off,
     "grammar": _off, "json_schema": _off,
     # vLLM's extras, seen in batch files written for vLLM's run-batch
@@ -143,13 +143,25 @@ def parse_messages(v: Any) -> list[dict]:
     return out
 
 
-def _stop(v: Any) -> list[str] | None:
+def parse_stop(v: Any, name: str = "stop") -> list[str]:
+    """Stop strings as every way in takes them (server, batch lines, the Python API, flags): a
+    string or an array of strings (None: none). Empty strings are dropped, as OpenAI ignores them,
+    so "" asks for no stop string and ["", "x"] for "x"; anything else that is not a string is
+    refused naming the field.
+
+        >>> parse_stop(["", "x"]), parse_stop("")
+        (['x'], [])
+    """
     if v is None:
-        return None
+        return []
     items = [v] if isinstance(v, str) else v
-    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise RequestError(f"stop must be a string or an array of strings, got {jtype(v)}", "stop")
-    return [s for s in items if s] or None   # OpenAI ignores empty stop strings
+    if not isinstance(items, (list, tuple)):   # (a tuple: a Python caller's array)
+        raise RequestError(f"{name} must be a string or an array of strings, got {jtype(v)}", name)
+    for i, s in enumerate(items):
+        if not isinstance(s, str):
+            raise RequestError(f"{name} must be a string or an array of strings, got {jtype(s)} at {name}[{i}]",
+                               name)
+    return [s for s in items if s]
 
 
 def _prompt(v: Any) -> str:
@@ -188,9 +200,12 @@ def _parse(body: Any, kind: str) -> Parsed:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise RequestError(f"model must be a string, got {jtype(model)}", "model")
+    # An empty stop list is no stop of the request's own: the server's --stop default applies, as
+    # when the field is absent (clients that always send "stop": [] keep it).
     req = dict(prompt=prompt, max_tokens=max_tokens, temperature=_num(body, "temperature"), top_p=_num(body, "top_p"),
-                  seed=_int(body, "seed"), stop=_stop(body.get("stop")), chat=chat, top_k=_int(body, "top_k"),
-                  min_p=_num(body, "min_p"), repeat_penalty=_num(body, "repeat_penalty"))
+                  seed=_int(body, "seed"), stop=parse_stop(body.get("stop")) or None, chat=chat,
+                  top_k=_int(body, "top_k"), min_p=_num(body, "min_p"), repeat_penalty=_num(body, "repeat_penalty"),
+                  presence_penalty=_num(body, "presence_penalty"), frequency_penalty=_num(body, "frequency_penalty"))
     return Parsed(kind, req, bool(stream), bool(stream and opts and opts.get("include_usage")), model)
 
 

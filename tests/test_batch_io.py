@@ -137,7 +137,7 @@ MALFORMED = [
     ('{"prompt": "x", "temperature": "hot"}', "temperature must be a number, got string"),
     ('{"prompt": "x", "seed": 1.5}', "seed must be an integer, got number"),
     ('{"prompt": "x", "stop": 3}', "stop must be"),
-    ('{"prompt": "x", "stop": ["a", ""]}', "stop must be"),
+    ('{"prompt": "x", "stop": ["a", 1]}', "stop must be"),
     ('{"prompt": "x", "top_p": 0}', "top_p must be in (0, 1]"),
     ('{"prompt": "x", "top_p": 1.5}', "top_p must be in (0, 1]"),
     ('{"id": [1], "prompt": "x"}', "id must be a non-empty string or an integer, got array"),
@@ -174,7 +174,7 @@ MALFORMED = [
 UNSUPPORTED_BODIES = [("n", 2), ("logprobs", True), ("top_logprobs", 3), ("response_format", {"type": "json_object"}),
                       ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
                       ("functions", [{"name": "f"}]), ("function_call", "auto"), ("best_of", 2), ("echo", True),
-                      ("suffix", "end"), ("logit_bias", {"1": 5}), ("presence_penalty", 0.5), ("stream", True)]
+                      ("suffix", "end"), ("logit_bias", {"1": 5}), ("stream", True)]
 
 
 @pytest.mark.parametrize("key, value", UNSUPPORTED_BODIES)

@@ -25,7 +25,7 @@ def test_sampling_params_accept_llama_cpp_defaults_and_greedy():
 
 @pytest.mark.parametrize("kwargs, field", [({"max_tokens": -3}, "max_tokens"), ({"parallel": 0}, "parallel"),
                                            ({"draft_min": 5, "draft_max": 2}, "draft_min"),
-                                           ({"stop": [""]}, "stop"), ({"stop": 7}, "stop")])
+                                           ({"stop": [1]}, "stop"), ({"stop": 7}, "stop")])
 def test_generation_options_refuse_bad_values(kwargs, field):
     with pytest.raises(UsageError, match=field):
         GenerationOptions(**kwargs)

@@ -121,7 +121,7 @@ def test_completion_body_is_raw_text():
 @pytest.mark.parametrize("field, value", [
     ("n", 2), ("best_of", 3), ("logprobs", True), ("top_logprobs", 2), ("echo", True), ("suffix", "x"),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-    ("response_format", {"type": "json_object"}), ("logit_bias", {"1": 5}), ("frequency_penalty", 0.5),
+    ("response_format", {"type": "json_object"}), ("logit_bias", {"1": 5}),
 ])
 def test_unsupported_fields_are_named(field, value):
     with pytest.raises(fmt.RequestError) as e:

@@ -11,7 +11,8 @@ that ask for what the engine cannot do (`n` > 1, `logprobs`, `tools`, ...: `open
 make the line a failed record naming the field rather than be dropped silently:
 
     {"id": "q1", "prompt": "Hi", "max_tokens": 8, "temperature": 0, "seed": 1, "stop": "\\n",
-     "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1}
+     "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1, "presence_penalty": 0.5,
+     "frequency_penalty": 0.2}
     {"id": 2, "messages": [{"role": "user", "content": "Hi"}]}
     {"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
      "body": {"model": "ignored", "messages": [...], "max_completion_tokens": 8, "top_p": 0.9}}
@@ -22,7 +23,7 @@ Worked example:
 >>> items[0]  # doctest: +NORMALIZE_WHITESPACE
 Request(id='7', line=1, prompt='Hi', messages=None, max_tokens=None, temperature=None,
         seed=None, stop=['.'], top_p=None, openai=None, top_k=None, min_p=None,
-        repeat_penalty=None)
+        repeat_penalty=None, presence_penalty=None, frequency_penalty=None)
 >>> items[1]  # doctest: +NORMALIZE_WHITESPACE
 LineError(id='line-3', line=3, message='prompt must be a string, got number', openai=None,
           param='prompt')
@@ -68,6 +69,8 @@ class Request:
     top_k: int | None = None
     min_p: float | None = None
     repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 @dataclass
@@ -127,13 +130,6 @@ def _num(d: dict, key: str, hi: float | None = None, open_low: bool = True) -> f
     return float(v)
 
 
-def _stop(v: Any) -> list[str]:
-    stops = [] if v is None else [v] if isinstance(v, str) else v
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise _Bad("stop must be a non-empty string or an array of them", "stop")
-    return list(stops)
-
-
 def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
     """The fields both forms share (`d` is the line, or the OpenAI body; unknown keys ignored)."""
     prompt, messages = d.get("prompt"), d.get("messages")
@@ -156,9 +152,9 @@ def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
             raise _Bad("stream is not supported in a batch job (got true)", "stream")
     return Request(rid, line, prompt, None if messages is None else _openai_checked(oa.parse_messages, messages),
                    max_completion if max_completion is not None else max_tokens,
-                   _num(d, "temperature"), _int(d, "seed"), _stop(d.get("stop")),
+                   _num(d, "temperature"), _int(d, "seed"), _openai_checked(oa.parse_stop, d.get("stop")),
                    _num(d, "top_p", 1.0), openai, _int(d, "top_k"), _num(d, "min_p", 1.0, open_low=False),
-                   _positive(d, "repeat_penalty"))
+                   _positive(d, "repeat_penalty"), _penalty(d, "presence_penalty"), _penalty(d, "frequency_penalty"))
 
 
 def _positive(d: dict, key: str) -> float | None:
@@ -166,6 +162,18 @@ def _positive(d: dict, key: str) -> float | None:
     if v is not None and v <= 0:
         raise _Bad(f"{key} must be > 0 (1 is off), got {d[key]}", key)
     return v
+
+
+def _penalty(d: dict, key: str) -> float | None:
+    """presence_penalty / frequency_penalty: a number in OpenAI's [-2, 2] (negative ones reward repeats)."""
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _Bad(f"{key} must be a number, got {jtype(v)}", key)
+    if not -2 <= v <= 2:
+        raise _Bad(f"{key} must be in [-2, 2], got {v}", key)
+    return float(v)
 
 
 def _parse_line(text: str | bytes, line: int) -> Request | LineError:

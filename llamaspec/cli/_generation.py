@@ -46,6 +46,12 @@ TopKOpt = Annotated[int, typer.Option("--top-k")]
 TopPOpt = Annotated[float, typer.Option("--top-p", callback=in_range("--top-p", 0, 1, open_low=True))]
 MinPOpt = Annotated[float, typer.Option("--min-p", callback=in_range("--min-p", 0, 1))]
 RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", callback=above_zero("--repeat-penalty", "1 is off"))]
+PresencePenaltyOpt = Annotated[float, typer.Option(
+    "--presence-penalty", help="Subtracted from the logit of every token already in the last --repeat-last-n; 0 = off.",
+    callback=in_range("--presence-penalty", -2, 2))]
+FrequencyPenaltyOpt = Annotated[float, typer.Option(
+    "--frequency-penalty", help="Subtracted from a token's logit once per time it is in the last --repeat-last-n; "
+                                "0 = off.", callback=in_range("--frequency-penalty", -2, 2))]
 RepeatLastNOpt = Annotated[int, typer.Option(
     "--repeat-last-n", callback=at_least("--repeat-last-n", -1, "-1: every token, 0: off"))]
 SeedOpt = Annotated[Optional[int], typer.Option("-s", "--seed", help="Sampling seed (same seed, same output).")]
@@ -109,7 +115,9 @@ def _generation_options(**v: Any) -> "GenerationOptions":
                              "--spec-replace '<start_of_turn>' '<|im_start|>'")
         spec_replace.append((target, draft))
     sampling = SamplingParams(temperature=v["temp"], top_k=v["top_k"], top_p=v["top_p"], min_p=v["min_p"],
-                              repeat_penalty=v["repeat_penalty"], repeat_last_n=v["repeat_last_n"], seed=v["seed"])
+                              repeat_penalty=v["repeat_penalty"], repeat_last_n=v["repeat_last_n"],
+                              presence_penalty=v["presence_penalty"], frequency_penalty=v["frequency_penalty"],
+                              seed=v["seed"])
     return GenerationOptions(
         draft=v["draft"], spec_type=v["spec_type"], draft_max=v["draft_max"], draft_min=v["draft_min"],
         draft_p_min=v["draft_p_min"], adaptive=not v["fixed_k"], force_draft=v["force_draft"],
@@ -125,6 +133,7 @@ generation_flags = _flag_group("gen", {
     "draft_min": (DraftMinOpt, 0), "draft_p_min": (DraftPMinOpt, 0.0), "fixed_k": (FixedDraftOpt, False),
     "n_predict": (NPredictOpt, 256), "temp": (TempOpt, 0.8), "top_k": (TopKOpt, 40), "top_p": (TopPOpt, 0.95),
     "min_p": (MinPOpt, 0.05), "repeat_penalty": (RepeatPenaltyOpt, 1.0), "repeat_last_n": (RepeatLastNOpt, 64),
+    "presence_penalty": (PresencePenaltyOpt, 0.0), "frequency_penalty": (FrequencyPenaltyOpt, 0.0),
     "seed": (SeedOpt, None), "stop": (StopOpt, None), "ctx_size": (CtxSizeOpt, None), "threads": (ThreadsOpt, None),
     "ngl": (NglOpt, None), "ngld": (NgldOpt, None), "amx": (AmxOpt, None), "chat": (ChatOpt, None),
     "system": (SystemOpt, None), "offline": (OfflineOpt, False), "force_draft": (ForceDraftOpt, False),

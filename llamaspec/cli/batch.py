@@ -37,7 +37,8 @@ def batch(
         help="Target GGUF: a path or Hub reference (org/repo:QUANT).")],
     input: Annotated[str, typer.Argument(
         help="JSONL requests ('-' for stdin): {\"id\", \"prompt\" | \"messages\", \"max_tokens\", "
-             "\"temperature\", \"top_p\", \"top_k\", \"min_p\", \"repeat_penalty\", \"seed\", \"stop\"} "
+             "\"temperature\", \"top_p\", \"top_k\", \"min_p\", \"repeat_penalty\", \"presence_penalty\", "
+             "\"frequency_penalty\", \"seed\", \"stop\"} "
              "or the OpenAI batch form (custom_id, url, body).")],
     output_path: Annotated[str, typer.Option("-o", "--output", help="JSONL results, appended (resumable).")],
     parallel: Annotated[int, typer.Option(
@@ -153,7 +154,8 @@ def _engine_request(request_type, r, completions: str):
     return request_type(r.prompt if r.messages is None else r.messages, id=r.id, max_tokens=r.max_tokens,
                         temperature=r.temperature, top_p=r.top_p, seed=r.seed, stop=r.stop or None,
                         chat=False if r.openai == completions else None, top_k=r.top_k, min_p=r.min_p,
-                        repeat_penalty=r.repeat_penalty)
+                        repeat_penalty=r.repeat_penalty, presence_penalty=r.presence_penalty,
+                        frequency_penalty=r.frequency_penalty)
 
 
 @contextmanager
@@ -199,6 +201,8 @@ def _requested(ident: dict, gen: GenerationOptions, ngram: NgramParams) -> dict:
     from dataclasses import asdict
 
     s = gen.sampling
+    # presence/frequency penalties only when on: a job started before they existed resumes as it was
+    penalties = {k: getattr(s, k) for k in ("presence_penalty", "frequency_penalty") if getattr(s, k)}
     draft = None if gen.draft is None else str(gen.draft)
     if draft is not None and os.path.exists(draft):
         draft = os.path.abspath(draft)
@@ -208,7 +212,7 @@ def _requested(ident: dict, gen: GenerationOptions, ngram: NgramParams) -> dict:
             "adaptive": gen.adaptive, "ctx_size": gen.ctx_size, "temperature": s.temperature, "top_k": s.top_k,
             "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
             "seed": s.seed, "max_tokens": gen.max_tokens, "stop": list(gen.stop), "chat": gen.chat,
-            "system": gen.system, "ngram": asdict(ngram)}
+            "system": gen.system, "ngram": asdict(ngram), **penalties}
 
 
 class _Progress:

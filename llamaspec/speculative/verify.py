@@ -73,7 +73,11 @@ class SamplingParams:
                                ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
                                ("min_p", lambda v: 0 <= v <= 1, "in [0, 1]"),
                                ("repeat_penalty", lambda v: v > 0, "> 0 (1 = off)"),
-                               ("repeat_last_n", lambda v: v >= -1, ">= -1 (-1: every token, 0: off)")):
+                               ("repeat_last_n", lambda v: v >= -1, ">= -1 (-1: every token, 0: off)"),
+                               # OpenAI's range; llama.cpp takes any value, but outside it a token's
+                               # logit moves by more than any sane request means
+                               ("frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2] (0 = off)"),
+                               ("presence_penalty", lambda v: -2 <= v <= 2, "in [-2, 2] (0 = off)")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
                 raise UsageError(f"{name} must be a number {rule}, not {value!r}")
