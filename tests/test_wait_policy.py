@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from llamaspec.runtime import wait_policy
 from llamaspec.runtime.wait_policy import choose
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +27,8 @@ def test_busy_means_passive_quiet_means_default_and_the_user_wins():
 _RUN_BUSY = """
 import os, sys
 os.environ.pop("OMP_WAIT_POLICY", None)
-os.getloadavg = lambda: (50.0, 50.0, 50.0)          # a very busy machine
+from llamaspec.runtime import wait_policy
+wait_policy.others_running = lambda: 50.0           # a very busy machine
 from llamaspec.cli import main
 try:
     main(sys.argv[1:])
@@ -41,3 +43,38 @@ def test_run_on_a_busy_machine_waits_passively_and_says_so_with_v(tiny_models):
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert "POLICY=PASSIVE EXIT=0" in r.stderr, r.stderr[-2000:]
     assert "wait passively" in r.stderr
+
+
+def test_the_load_average_of_our_own_previous_run_does_not_make_the_next_one_passive(monkeypatch):
+    """A minute's load average counts the run that just ended (2 cores, -t 2: ~1.3 after one run),
+    and passive waiting halves single-stream decoding on a quiet machine: what counts is who wants
+    a CPU now. The load average is only the fallback where there is no /proc."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.3, 1.0, 0.8), raising=False)
+    monkeypatch.setattr(wait_policy, "others_running", lambda: 0.0)
+    assert choose(2, cores=2, env={}).value is None
+    monkeypatch.setattr(wait_policy, "others_running", lambda: None)   # no /proc/stat
+    assert choose(2, cores=2, env={}).value == "PASSIVE" and "load average" in choose(2, cores=2, env={}).reason
+
+
+def test_threads_that_want_a_cpu_now_are_counted():
+    """Real busy processes, more than the cores: they are seen as running now, and a run that
+    wants every core waits passively beside them."""
+    if wait_policy.others_running() is None:
+        import pytest
+
+        pytest.skip("no /proc/stat on this system")
+    cores = os.cpu_count() or 1
+    spin = "import sys; sys.stdout.write('go\\n'); sys.stdout.flush()\nwhile True: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+             for _ in range(cores + 2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == "go\n"
+        seen = wait_policy.others_running(samples=20)
+        policy = choose(None, env={})
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert seen >= cores, (seen, cores)   # cores + 2 spinners, runnable all the time
+    assert policy.value == "PASSIVE" and "other threads running" in policy.reason

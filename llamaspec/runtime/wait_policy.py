@@ -1,4 +1,4 @@
-"""How llama.cpp's OpenMP threads wait at a barrier, chosen from this machine's load.
+"""How llama.cpp's OpenMP threads wait at a barrier, chosen from how busy the machine is now.
 
 llama.cpp's CPU backend runs its threads under OpenMP, which spins at every barrier by default. On
 a machine where other work already runs, a spinning thread burns whole scheduler slices waiting
@@ -6,6 +6,12 @@ for a descheduled peer: measured here, 32 tokens of SmolLM2 at -t 2 under a load
 took 74 s spinning and 4 s waiting passively. So when our threads would not have the cores to
 themselves, they wait passively (OMP_WAIT_POLICY=PASSIVE), unless the user set the variable.
 libgomp reads it once, so this must run before llama_cpp is loaded.
+
+Passive waiting is not free: on a quiet machine it halves single-stream decoding (SmolLM2 F16,
+-t 2, 2 cores: 23.5 tok/s passive, 52 tok/s spinning). So "busy" is the other threads that want a
+CPU right now (Linux: /proc/stat's procs_running, sampled a few times), not the load average: that
+is a minute's memory, which counts our own previous run (a second `llamaspec run` after a first one
+saw a load of ~1.3 on 2 cores and went passive). Without /proc, the load average is the fallback.
 
     >>> choose(threads=2, load=11.0, cores=2, env={}).value
     'PASSIVE'
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -29,20 +36,40 @@ class WaitPolicy:
     reason: str
 
 
+def others_running(samples: int = 5, interval: float = 0.01) -> float | None:
+    """Threads of other processes that want a CPU now: /proc/stat's procs_running (runnable threads
+    system-wide, the reading one included) minus one, averaged over `samples` reads `interval`
+    seconds apart. None where there is no /proc/stat."""
+    counts = []
+    try:
+        for i in range(samples):
+            if i:
+                time.sleep(interval)
+            with open("/proc/stat") as f:
+                counts += [int(line.split()[1]) - 1 for line in f if line.startswith("procs_running ")]
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, sum(counts) / len(counts)) if counts else None
+
+
 def choose(threads: int | None, *, load: float | None = None, cores: int | None = None,
            env: Mapping[str, str] | None = None) -> WaitPolicy:
+    """`load`: other threads that want a CPU (default: measured now, see the module docstring)."""
     env = os.environ if env is None else env
     if env.get(VAR):
         return WaitPolicy(None, f"{VAR}={env[VAR]} (set by you)")
+    what = "other threads running"
+    if load is None:
+        load = others_running()
     if load is None:
         if not hasattr(os, "getloadavg"):
-            return WaitPolicy(None, "OpenMP's default (no load average on this system)")
-        load = os.getloadavg()[0]
+            return WaitPolicy(None, "OpenMP's default (no load measure on this system)")
+        load, what = os.getloadavg()[0], "load average"
     cores = cores or os.cpu_count() or 1
     if load + (threads or cores) <= cores + 0.5:
-        return WaitPolicy(None, f"OpenMP's default (load {load:.1f} on {cores} cores)")
-    return WaitPolicy("PASSIVE", f"the machine is busy (load {load:.1f} on {cores} cores): llama.cpp's threads "
-                                 f"wait passively ({VAR}=PASSIVE; set {VAR} to choose)")
+        return WaitPolicy(None, f"OpenMP's default ({what} {load:.1f} on {cores} cores)")
+    return WaitPolicy("PASSIVE", f"the machine is busy ({what} {load:.1f} on {cores} cores): llama.cpp's "
+                                 f"threads wait passively ({VAR}=PASSIVE; set {VAR} to choose)")
 
 
 _applied: str | None = None
