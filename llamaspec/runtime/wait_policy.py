@@ -36,17 +36,32 @@ class WaitPolicy:
     reason: str
 
 
+def _own_running() -> int:
+    """This process's threads in state R (running or runnable), the calling one included."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:   # the thread ended meanwhile
+            continue
+        n += stat[stat.rindex(")") + 2:][:1] == "R"
+    return max(1, n)
+
+
 def others_running(samples: int = 5, interval: float = 0.01) -> float | None:
     """Threads of other processes that want a CPU now: /proc/stat's procs_running (runnable threads
-    system-wide, the reading one included) minus one, averaged over `samples` reads `interval`
-    seconds apart. None where there is no /proc/stat."""
+    system-wide) minus this process's own runnable threads (a Generator made in a program with busy
+    threads of its own must not count them), averaged over `samples` reads `interval` seconds
+    apart. None where there is no /proc."""
     counts = []
     try:
         for i in range(samples):
             if i:
                 time.sleep(interval)
             with open("/proc/stat") as f:
-                counts += [int(line.split()[1]) - 1 for line in f if line.startswith("procs_running ")]
+                running = [int(line.split()[1]) for line in f if line.startswith("procs_running ")]
+            counts += [r - _own_running() for r in running]
     except (OSError, ValueError, IndexError):
         return None
     return max(0.0, sum(counts) / len(counts)) if counts else None
