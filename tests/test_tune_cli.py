@@ -231,10 +231,12 @@ def test_a_busy_machine_makes_llama_cpp_threads_wait_passively(monkeypatch):
     monkeypatch.setenv("OMP_WAIT_POLICY", "x")   # restored after the test
     monkeypatch.delenv("OMP_WAIT_POLICY")
     monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    from llamaspec.runtime import wait_policy
+
     cores = os.cpu_count() or 1
-    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setattr(wait_policy, "others_running", lambda: 0.0)   # who wants a CPU now
     assert _passive_when_busy(Output(), 1) is None and "OMP_WAIT_POLICY" not in os.environ
-    monkeypatch.setattr(os, "getloadavg", lambda: (cores + 3.0, 0.0, 0.0))
+    monkeypatch.setattr(wait_policy, "others_running", lambda: cores + 3.0)
     assert _passive_when_busy(Output(), 1) == "PASSIVE" and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")   # the user's choice stays
     assert _passive_when_busy(Output(), 1) is None and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
