@@ -78,3 +78,17 @@ def test_threads_that_want_a_cpu_now_are_counted():
             p.wait()
     assert seen >= cores, (seen, cores)   # cores + 2 spinners, runnable all the time
     assert policy.value == "PASSIVE" and "other threads running" in policy.reason
+
+
+def test_doctor_says_why_it_chose_passive_not_that_you_set_it():
+    """The CLI sets the policy for itself at start-up; doctor then must not report the variable
+    it finds as the user's choice."""
+    busy = ("import os, sys\nos.environ.pop('OMP_WAIT_POLICY', None)\n"
+            "from llamaspec.runtime import wait_policy\nwait_policy.others_running = lambda: 50.0\n"
+            "from llamaspec.cli import main\nmain(['doctor', '--json'])\n")
+    r = subprocess.run([sys.executable, "-c", busy], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    import json
+
+    doc = json.loads(r.stdout)
+    assert "the machine is busy" in doc["thread_wait"] and "set by you" not in doc["thread_wait"], doc["thread_wait"]

@@ -62,9 +62,11 @@ def doctor(*, out: Output) -> None:
 
     info = collect()
     info["offload"] = offload_report()   # devices, free memory, what -ngl/-ngld auto does here
-    from llamaspec.runtime.wait_policy import choose
+    from llamaspec.runtime.wait_policy import applied, choose
 
-    info["thread_wait"] = choose(None).reason   # what run/batch/serve choose now (OMP_WAIT_POLICY)
+    # what run/batch/serve choose now (OMP_WAIT_POLICY); the CLI's start-up may have set it for
+    # this very process, which is not "set by you"
+    info["thread_wait"] = applied() or choose(None).reason
     if out.verbose:
         out.detail(info["system_info"])
     out.data(info, human=lambda c: _render(info, c), quiet=info["llama_cpp_python"])
