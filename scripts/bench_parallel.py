@@ -96,18 +96,21 @@ def main() -> None:
     p4 = ours(model, 4, a.threads, a.spec_type, a.n)
     print(f"llamaspec --parallel 4: {p4['tok_s']:.1f} tok/s", file=sys.stderr)
     nat = native(a.native_bin, model, a.threads, a.n)
-    same = p1.pop("texts") == p4.pop("texts")
+    t1, t4 = p1.pop("texts"), p4.pop("texts")
+    differ = sorted(k for k in t1 if t1[k] != t4.get(k))   # near-ties flip under a shared batch (README)
+    same = not differ
     r_ours = p4["tok_s"] / p1["tok_s"]
     r_tg = nat[4]["S_TG"] / nat[1]["S_TG"]
     r_s = nat[4]["S"] / nat[1]["S"]
-    res = {"llamaspec": {"p1": p1, "p4": p4, "ratio": round(r_ours, 3), "texts_identical": same},
+    res = {"llamaspec": {"p1": p1, "p4": p4, "ratio": round(r_ours, 3), "texts_identical": same,
+                         "texts_differing": differ},
            "native": {"b1": nat[1], "b4": nat[4], "ratio_S_TG": round(r_tg, 3), "ratio_S": round(r_s, 3)},
            "ours_over_native_S_TG": round(r_ours / r_tg, 3), "ours_over_native_S": round(r_ours / r_s, 3)}
     if a.json:
         print(json.dumps(res, indent=2))
         return
     print(f"llamaspec ({a.spec_type}): p1 {p1['tok_s']:.1f} tok/s, p4 {p4['tok_s']:.1f} tok/s -> "
-          f"{r_ours:.2f}x (texts p4 == p1: {same})")
+          f"{r_ours:.2f}x (texts p4 == p1: {same}; differing: {len(differ)} of {len(t1)})")
     print(f"native batched-bench: S_TG {nat[1]['S_TG']:.1f} -> {nat[4]['S_TG']:.1f} t/s = {r_tg:.2f}x; "
           f"S {nat[1]['S']:.1f} -> {nat[4]['S']:.1f} t/s = {r_s:.2f}x")
     print(f"ours / native: {r_ours / r_tg:.2f} (vs S_TG), {r_ours / r_s:.2f} (vs S)")
