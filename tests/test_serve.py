@@ -320,3 +320,37 @@ def test_client_disconnect_mid_stream_frees_the_slot(smollm2_q4, tmp_path):
         assert m["llamaspec:tokens_predicted_total"] < 600, m
     finally:
         assert s.stop() == 0
+
+
+@pytest.mark.parametrize("cache_ram", ["8192", "0"])
+def test_a_prompt_that_left_its_slot_is_restored_from_the_ram_cache(smollm2_q4, tmp_path, cache_ram):
+    """One slot, prompt A, then B (A's KV is cut), then A again: with the RAM prompt cache A's
+    state comes back and only its last token is evaluated, as when A follows itself on its slot
+    (and with the same text: evaluating the last token alone can flip a near-tie of this Q4 model
+    against a whole-prompt evaluation, so the reference is a reused A); with --cache-ram 0 the
+    whole of A is evaluated again and gives the first text."""
+    a = "Here is a long story about a lighthouse keeper. " * 12
+    b = "A completely different text about mountains and rivers. " * 12
+    s = Server(smollm2_q4, "--parallel", "1", "--cache-ram", cache_ram, tmp=tmp_path)
+    try:
+        client = s.client()
+        first = client.completions.create(model="x", prompt=a, max_tokens=8)
+        reused = client.completions.create(model="x", prompt=a, max_tokens=8)
+        client.completions.create(model="x", prompt=b, max_tokens=8)
+        again = client.completions.create(model="x", prompt=a, max_tokens=8)
+    finally:
+        assert s.stop() == 0, s.log.read_text()
+    t = again.model_extra["timings"]
+    assert t["prompt_n"] + t["cache_n"] == again.usage.prompt_tokens
+    assert reused.model_extra["timings"]["prompt_n"] == 1
+    if cache_ram == "0":
+        assert t["prompt_n"] > again.usage.prompt_tokens // 2, t   # only a short prefix shared with B
+        assert again.choices[0].text == first.choices[0].text
+    else:
+        assert t["prompt_n"] == 1, t
+        assert again.choices[0].text == reused.choices[0].text
+
+
+def test_cache_ram_flag_is_checked(run_cli, tiny_models):
+    r = run_cli("serve", tiny_models["target"], "--cache-ram", "-2")
+    assert r.exit_code == 2 and "--cache-ram" in r.stderr and "Traceback" not in r.stderr

@@ -187,3 +187,22 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(run_cli):
         r = run_cli("serve", "no-such-model.gguf", "--port", str(port))
     assert r.exit_code == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr and "--port" in r.stderr
     assert "no-such-model" not in r.stderr   # the socket is checked first
+
+
+def test_prompt_cache_doctests_and_lru():
+    """The RAM prompt cache (serve/prompt_cache.py): longest shared prefix wins, least recently
+    used entries go first past the byte limit, a state over the limit is not kept."""
+    import doctest
+
+    from llamaspec.serve import prompt_cache
+
+    assert doctest.testmod(prompt_cache).failed == 0
+    c = prompt_cache.PromptCache(limit_bytes=8)
+    c.put([1, 2], bytearray(4))
+    c.put([3, 4], bytearray(4))
+    c.get((1, 2))                      # used: now [3, 4] is the oldest
+    c.put([5, 6], bytearray(4))
+    assert sorted(c.keys()) == [(1, 2), (5, 6)] and c.size == 8
+    c.put([9], bytearray(9))           # bigger than the whole cache: not kept, nothing evicted
+    assert sorted(c.keys()) == [(1, 2), (5, 6)]
+    assert c.best([5, 6, 7]) == ((5, 6), 2) and c.best([8]) == (None, 0)

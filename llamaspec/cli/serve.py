@@ -47,6 +47,11 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option(
         "--api-key", help="Require 'Authorization: Bearer KEY' on every route but /health "
                           "(default: $LLAMASPEC_API_KEY).")] = None,
+    cache_ram: Annotated[int, typer.Option(
+        "--cache-ram", "-cram", metavar="MIB",
+        help="RAM for the KV of prompts that left their slot, restored when a request shares their "
+             "prefix (as llama-server's; -1: no limit, 0: off).",
+        callback=at_least("--cache-ram", -1))] = 8192,
     *,
     gen: GenerationOptions,
     ngram: NgramParams,
@@ -72,7 +77,7 @@ def serve(
             if warning := draft_size_warning(g.resolved.target_path, g.resolved.draft_path):
                 out.warn(warning)
             name = Path(g.resolved.target_path).name
-            sched = Scheduler(g, parallel)
+            sched = Scheduler(g, parallel, cache_ram_mib=cache_ram)
             web = create_app(sched, model_name=name, api_key=key)
             sched.start()
             bound = sock.getsockname()

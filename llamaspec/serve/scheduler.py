@@ -53,10 +53,14 @@ class Job:
 class Scheduler:
     """Owns `generator` from `start()` until `stop()` returns; see the module docstring."""
 
-    def __init__(self, generator: "Generator", parallel: int):
+    def __init__(self, generator: "Generator", parallel: int, cache_ram_mib: int = 0):
         from llamaspec.serve.metrics import Metrics
+        from llamaspec.serve.prompt_cache import PromptCache
 
         self.gen, self.parallel = generator, parallel
+        # recurrent/hybrid memories cannot be cut to a prefix: nothing to restore a prefix from
+        keeps = cache_ram_mib != 0 and not generator.pipeline.target.needs_checkpoints
+        self.prompt_cache = PromptCache(cache_ram_mib << 20 if cache_ram_mib > 0 else 1 << 62) if keeps else None
         self.metrics = Metrics(lambda: {"requests_processing": self.processing, "requests_deferred": self.deferred})
         self.engine = generator.pipeline.engine
         self._inbox: queue.Queue = queue.Queue()
@@ -179,6 +183,7 @@ class Scheduler:
                 self._finished(job)
                 continue
             slot = self._pick_slot(job.tokens)
+            self._swap_in(slot, job.tokens)
             on_text = (lambda piece, from_draft, source, j=job: j.emit(("text", piece))) if job.stream else None
             seq = SequenceRun(self.engine, slot, job.tokens, job.config, on_text)
             try:
@@ -192,6 +197,30 @@ class Scheduler:
                 self._crash(job, e)
                 continue
             self._active[slot] = (job, seq)
+
+    def _swap_in(self, slot: int, tokens: list[int]) -> None:
+        """Before `tokens` take `slot`: save the slot's KV to the RAM prompt cache if the new prompt
+        would cut much of it, and restore a saved state that shares a longer prefix with it."""
+        from llamaspec.serve.prompt_cache import MIN_TOKENS
+
+        cache, ctx = self.prompt_cache, self.engine.ctx
+        if cache is None:
+            return
+        cached = self.engine._cached.get(slot, [])
+        limit = len(tokens) - 1   # (the last prompt token is always evaluated, for its logits)
+        here = common_prefix(cached, tokens, limit=limit)
+        if len(cached) - here >= MIN_TOKENS:
+            cache.put(cached, ctx.save_seq(slot))
+        key, n = cache.best(tokens, limit=limit)
+        if key is None or n < here + MIN_TOKENS:
+            return
+        try:
+            ctx.load_seq(cache.get(key), slot)
+        except LlamaspecError:   # no room for it in the KV cache now: evaluate as usual
+            ctx.seq_rm(slot, 0, -1)
+            self.engine._cached[slot] = []
+            return
+        self.engine._cached[slot] = list(key)
 
     def _pick_slot(self, tokens: list[int]) -> int:
         """The free slot whose KV cache shares the longest prefix with `tokens` (ties: the least
