@@ -329,3 +329,30 @@ def test_pull_keeps_the_partial_download_and_resumes(hub, hub_home, tiny_models,
 
 def test_case_counts():
     print("\ninterrupt cases per command:", dict(CASES), "total", sum(CASES.values()))
+
+
+LOST_RAISE = """
+import signal, sys
+from llamaspec.cli import _errors, main
+from llamaspec.generator import Generator
+
+real = Generator.generate
+
+def generate(self, *a, **kw):
+    _errors._received = signal.SIGTERM   # a SIGTERM recorded whose raise never landed
+    return real(self, *a, **kw)
+
+Generator.generate = generate
+main(sys.argv[1:])
+"""
+
+
+def test_run_after_a_signal_whose_raise_never_landed_still_exits_143(tiny_models):
+    """The handler records every signal; if its KeyboardInterrupt could not be raised where the
+    run would stop (re-delivered out of llama.cpp's callbacks, then the run ended), `run` must
+    still not exit 0 after a SIGTERM."""
+    r = subprocess.run([sys.executable, "-c", LOST_RAISE, "run", str(tiny_models["target"]), "-p", "hi", "-n", "4",
+                        "--temp", "0", "-t", "1", "--spec-type", "none", "--raw"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.returncode == 143, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and "stop: length" in r.stderr

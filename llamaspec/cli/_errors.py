@@ -149,6 +149,11 @@ def raise_if_interrupted() -> None:
         raise Terminated() if _received == signal.SIGTERM else KeyboardInterrupt()
 
 
+def signal_received() -> bool:
+    """Did SIGINT/SIGTERM arrive during this command (whether or not its raise landed)?"""
+    return _received is not None
+
+
 def interrupted_exit_code() -> int:
     """130 after Ctrl-C (SIGINT), 143 after SIGTERM."""
     return EXIT_TERMINATED if _received == signal.SIGTERM else EXIT_INTERRUPTED

@@ -90,9 +90,11 @@ def run(
             render_stats(info, out.stderr)
     if result.stop_reason == "context":
         out.warn(f"stopped: the context is full ({n_ctx_used} tokens); raise -c/--ctx-size for longer output")
-    if result.stop_reason == "interrupted":
-        from llamaspec.cli._errors import interrupted_exit_code
+    from llamaspec.cli._errors import interrupted_exit_code, signal_received
 
+    # A signal that arrived while the raise could not land (it is re-delivered out of llama.cpp's
+    # callbacks) still ends the command as interrupted: never exit 0 after a SIGTERM.
+    if result.stop_reason == "interrupted" or signal_received():
         raise typer.Exit(interrupted_exit_code())   # 130 (Ctrl-C) or 143 (SIGTERM)
 
 
