@@ -132,6 +132,23 @@ def run_cli():
 
 
 @pytest.fixture
+def generator_options(monkeypatch) -> list:
+    """The GenerationOptions each Generator.from_options call received (the wiring `run`,
+    `batch` and `serve` use), in order; the Generator is still built for real."""
+    from llamaspec.generator import Generator
+
+    seen: list = []
+    real = Generator.from_options.__func__
+
+    def spy(cls, model, options, **kw):
+        seen.append(options)
+        return real(cls, model, options, **kw)
+
+    monkeypatch.setattr(Generator, "from_options", classmethod(spy))
+    return seen
+
+
+@pytest.fixture
 def run_cli_subprocess():
     """Run `python -m llamaspec ARGS...` in a child process; env= adds environment variables."""
 

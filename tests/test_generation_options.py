@@ -37,18 +37,9 @@ def test_stop_takes_a_string_or_a_list():
     assert check_stop(None) == ()
 
 
-def test_run_builds_generator_from_one_options_object(run_cli, tiny_models, monkeypatch):
+def test_run_builds_generator_from_one_options_object(run_cli, tiny_models, generator_options):
     """`run` hands Generator.from_options one GenerationOptions carrying its flags."""
-    from llamaspec.generator import Generator
-
-    seen = []
-    real = Generator.from_options.__func__
-
-    def spy(cls, model, options, **kw):
-        seen.append(options)
-        return real(cls, model, options, **kw)
-
-    monkeypatch.setattr(Generator, "from_options", classmethod(spy))
+    seen = generator_options
     r = run_cli("run", tiny_models["target"], "--raw", "-p", "hi", "-n", "3", "--temp", "0", "--top-k", "7",
                 "--stop", "zz", "--spec-type", "none", "-t", "1", "--json")
     assert r.exit_code == 0, r.stderr

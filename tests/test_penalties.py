@@ -44,15 +44,8 @@ def test_flags_out_of_range_are_usage_errors(run_cli, tiny_models, flag, value):
     assert r.exit_code == 2 and f"{flag} must be in [-2, 2]" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_flags_reach_the_generator(run_cli, tiny_models, monkeypatch):
-    seen = []
-    real = Generator.from_options.__func__
-
-    def spy(cls, model, options, **kw):
-        seen.append(options)
-        return real(cls, model, options, **kw)
-
-    monkeypatch.setattr(Generator, "from_options", classmethod(spy))
+def test_flags_reach_the_generator(run_cli, tiny_models, generator_options):
+    seen = generator_options
     r = run_cli("run", tiny_models["target"], "--raw", "-p", "hi", "-n", "2", "--temp", "0", "--spec-type", "none",
                 "-t", "1", "--presence-penalty", "0.25", "--frequency-penalty", "-0.5", "--json")
     assert r.exit_code == 0, r.stderr
