@@ -83,13 +83,7 @@ def probe(host: str, port: int, timeout: float = PROBE_SECONDS) -> None:
     """Raise ConnectionError unless a gRPC server answers at host:port. Ray's GCS and its client
     server speak gRPC, so the answer to HTTP/2's client preface is a SETTINGS frame (9-byte header,
     type 4). A TCP connect alone is not enough: ray.init on a port where something else listens
-    (a web server, a silent socket) waits for minutes.
-
-        >>> _is_settings_frame(bytes([0, 0, 6, 4, 0, 0, 0, 0, 0]))
-        True
-        >>> _is_settings_frame(b"HTTP/1.1 400 Bad Request")
-        False
-    """
+    (a web server, a silent socket) waits for minutes."""
     with socket.create_connection((host, port), timeout=timeout) as s:
         s.sendall(_H2_PREFACE)
         head = b""
@@ -103,6 +97,13 @@ def probe(host: str, port: int, timeout: float = PROBE_SECONDS) -> None:
 
 
 def _is_settings_frame(head: bytes) -> bool:
+    """An HTTP/2 frame header of type SETTINGS (4) on stream 0.
+
+        >>> _is_settings_frame(bytes([0, 0, 6, 4, 0, 0, 0, 0, 0]))
+        True
+        >>> _is_settings_frame(b"HTTP/1.1 400 Bad Request")
+        False
+    """
     return len(head) == 9 and head[3] == 4 and head[5:9] == b"\0\0\0\0"
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from llamaspec.errors import LlamaspecError, UsageError
 from llamaspec.openai_format import param_of
+from llamaspec.serve.prompt_cache import MIN_TOKENS, PromptCache
 from llamaspec.speculative.prefix import common_prefix
 
 if TYPE_CHECKING:
@@ -55,7 +56,6 @@ class Scheduler:
 
     def __init__(self, generator: "Generator", parallel: int, cache_ram_mib: int = 0):
         from llamaspec.serve.metrics import Metrics
-        from llamaspec.serve.prompt_cache import PromptCache
 
         self.gen, self.parallel = generator, parallel
         # recurrent/hybrid memories cannot be cut to a prefix: nothing to restore a prefix from
@@ -182,8 +182,8 @@ class Scheduler:
             if job.cancelled:
                 self._finished(job)
                 continue
-            slot = self._pick_slot(job.tokens)
-            self._swap_in(slot, job.tokens)
+            slot, shared = self._pick_slot(job.tokens)
+            self._swap_in(slot, job.tokens, shared)
             on_text = (lambda piece, from_draft, source, j=job: j.emit(("text", piece))) if job.stream else None
             seq = SequenceRun(self.engine, slot, job.tokens, job.config, on_text)
             try:
@@ -198,20 +198,18 @@ class Scheduler:
                 continue
             self._active[slot] = (job, seq)
 
-    def _swap_in(self, slot: int, tokens: list[int]) -> None:
-        """Before `tokens` take `slot`: save the slot's KV to the RAM prompt cache if the new prompt
-        would cut much of it, and restore a saved state that shares a longer prefix with it."""
-        from llamaspec.serve.prompt_cache import MIN_TOKENS
-
+    def _swap_in(self, slot: int, tokens: list[int], here: int) -> None:
+        """Before `tokens` take `slot`, whose KV shares `here` tokens with them: save the slot's KV
+        to the RAM prompt cache if the new prompt would cut much of it, and restore a saved state
+        that shares a longer prefix with it."""
         cache, ctx = self.prompt_cache, self.engine.ctx
         if cache is None:
             return
         cached = self.engine._cached.get(slot, [])
-        limit = len(tokens) - 1   # (the last prompt token is always evaluated, for its logits)
-        here = common_prefix(cached, tokens, limit=limit)
         if len(cached) - here >= MIN_TOKENS:
             cache.put(cached, ctx.save_seq(slot))
-        key, n = cache.best(tokens, limit=limit)
+        # (the last prompt token is always evaluated, for its logits)
+        key, n = cache.best(tokens, limit=len(tokens) - 1)
         if key is None or n < here + MIN_TOKENS:
             return
         try:
@@ -222,10 +220,11 @@ class Scheduler:
             return
         self.engine._cached[slot] = list(key)
 
-    def _pick_slot(self, tokens: list[int]) -> int:
+    def _pick_slot(self, tokens: list[int]) -> tuple[int, int]:
         """The free slot whose KV cache shares the longest prefix with `tokens` (ties: the least
-        recently used). How much of it is reused is the engine's to say (a drafter fed by the
-        target's hidden states may need part of the prefix evaluated again): stats' n_prompt_cached."""
+        recently used), and that prefix's length. How much of it is reused is the engine's to say
+        (a drafter fed by the target's hidden states may need part of it evaluated again): stats'
+        n_prompt_cached."""
         best = None
         for slot in range(self.parallel):
             if slot in self._active:
@@ -235,7 +234,7 @@ class Scheduler:
             key = (n, -self._last_used[slot])
             if best is None or key > best[0]:
                 best = (key, slot, n)
-        return best[1]
+        return best[1], best[2]
 
     def _step(self) -> None:
         seqs = [seq for _, seq in self._active.values()]

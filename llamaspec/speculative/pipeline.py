@@ -16,7 +16,7 @@ from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.devices import plan_offload
 from llamaspec.runtime.offload import OffloadDecision
 from llamaspec.speculative.drafters.base import Drafter
-from llamaspec.speculative.drafters.factory import build_drafter
+from llamaspec.speculative.drafters.factory import Built, build_drafter
 from llamaspec.speculative.engine import GenerationConfig, SpecEngine
 from llamaspec.speculative.options import DEFAULT_CTX, SpecOptions, default_draft_max, loads_mtp_layers, needs_draft_model
 from llamaspec.speculative.verify import SamplingParams
@@ -40,11 +40,7 @@ class Pipeline:
 
     def close(self, keep_target: bool = False) -> None:
         """Free contexts and the draft model; the target too unless it was passed in to be reused."""
-        if self.drafter is not None:
-            self.drafter.close()
-        for m in (self.draft_model, *self.more_draft_models):
-            if m is not None:
-                m.close()
+        Built(self.drafter, self.draft_model, self.more_draft_models).close()   # the drafter, then its models
         self.ctx.close()
         if not keep_target:
             self.target.close()
