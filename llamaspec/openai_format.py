@@ -21,10 +21,12 @@ The server (llamaspec/serve/) and anything else that speaks OpenAI build their o
 from __future__ import annotations
 
 import json
+import math
+import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from llamaspec.errors import UsageError
 
@@ -57,6 +59,42 @@ def _off(v: Any) -> bool:
     return v is None or v is False
 
 
+def _at(neutral: Any) -> Callable[[Any], bool]:
+    return lambda v: v is None or (not isinstance(v, bool) and v == neutral)
+
+
+def _any_number(v: Any) -> bool:
+    return v is None or (not isinstance(v, bool) and isinstance(v, (int, float)) and _finite(v))
+
+
+def _at_most(limit: float) -> Callable[[Any], bool]:
+    return lambda v: v is None or (_any_number(v) and v <= limit)
+
+
+def _at_least(limit: float) -> Callable[[Any], bool]:
+    return lambda v: v is None or (_any_number(v) and v >= limit)
+
+
+# llamaspec's sampler chain, in its order (verify.target_candidates); llama-server's `samplers`
+# (names, or one letter each) asks for nothing new when these come in this order and the others
+# it names are the stages that its neutral values switch off (dry, typ_p, top_n_sigma, xtc, ...).
+_OUR_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
+_SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                    "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p"}
+_OTHER_SAMPLERS = {"dry", "top_n_sigma", "typ_p", "typical_p", "xtc", "adaptive_p", "infill"}
+
+
+def _samplers_neutral(v: Any) -> bool:
+    if v is None:
+        return True
+    names = [_SAMPLER_LETTERS.get(c, c) for c in v] if isinstance(v, str) else v
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return False
+    if any(n not in _OUR_SAMPLERS and n not in _OTHER_SAMPLERS for n in names):
+        return False
+    return [n for n in names if n in _OUR_SAMPLERS] == list(_OUR_SAMPLERS)
+
+
 # Fields that would change the output and that llamaspec does not implement, with the values that
 # ask for nothing. Dropping them silently would hand back something else than what was asked for.
 UNSUPPORTED = {
@@ -74,12 +112,40 @@ UNSUPPORTED = {
     "use_beam_search": _off,
 }
 
+# llama-server's own sampling fields (tools/server/server-schema.cpp): clients written for it send
+# them at their neutral values ("mirostat": 0, "typical_p": 1), which ask for nothing; any other
+# value is refused naming the field. The `any number` ones only matter when their switch is on.
+LLAMA_SERVER_UNSUPPORTED = {
+    "mirostat": _at(0), "mirostat_tau": _any_number, "mirostat_eta": _any_number,
+    "typical_p": _at_least(1), "top_n_sigma": _at_most(0), "n_probs": _at(0), "post_sampling_probs": _off,
+    "min_keep": _at(0), "dynatemp_range": _at(0), "dynatemp_exponent": _any_number,
+    "dry_multiplier": _at(0), "dry_base": _any_number, "dry_allowed_length": _any_number,
+    "dry_penalty_last_n": _any_number, "dry_sequence_breakers": lambda v: v is None or isinstance(v, list),
+    "xtc_probability": _at(0), "xtc_threshold": _any_number,
+    "adaptive_target": _at_most(0), "adaptive_decay": _any_number,
+    "samplers": _samplers_neutral, "lora": lambda v: not v, "n_cmpl": _at(1),
+    "t_max_predict_ms": _at_most(0), "continue_final_message": _off, "n_indent": _at(0), "ignore_eos": _off,
+}
+
 
 def check_unsupported(body: dict) -> None:
     for key, harmless in UNSUPPORTED.items():
         if key in body and not harmless(body[key]):
-            raise RequestError(f"{key} is not supported (got {json.dumps(body[key])[:40]}): "
+            raise RequestError(f"{key} is not supported (got {_shown(body[key])}): "
                                "llamaspec gives one plain-text choice per request", key)
+    for key, harmless in LLAMA_SERVER_UNSUPPORTED.items():
+        if key in body and not harmless(body[key]):
+            raise RequestError(f"{key} is not supported (got {_shown(body[key])}): llamaspec samples with "
+                               "penalties, top_k, top_p, min_p and temperature only; leave it out or send "
+                               "llama-server's neutral value", key)
+
+
+def _shown(v: Any) -> str:
+    """A value as the client sent it, cut short (for error messages)."""
+    try:
+        return json.dumps(v)[:40]
+    except (ValueError, RecursionError):   # (NaN / inf are refused as not JSON before this)
+        return jtype(v)
 
 
 def jtype(v: Any) -> str:
@@ -89,10 +155,24 @@ def jtype(v: Any) -> str:
     return {str: "string", int: "number", float: "number", list: "array", dict: "object"}.get(type(v), "value")
 
 
+INT64 = (-(1 << 63), (1 << 63) - 1)   # OpenAI and vLLM take int64 seeds; the widest integer any field takes
+
+
+def _finite(v: int | float) -> bool:
+    """A number a sampler can use: finite, and not a denormal (1e-310 would overflow what it divides)."""
+    try:
+        f = float(v)
+    except OverflowError:   # an integer past float's range
+        return False
+    return math.isfinite(f) and (f == 0 or abs(f) >= sys.float_info.min)
+
+
 def _int(body: dict, key: str) -> int | None:
     v = body.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
         raise RequestError(f"{key} must be an integer, got {jtype(v)}", key)
+    if v is not None and not INT64[0] <= v <= INT64[1]:
+        raise RequestError(f"{key} must be a 64-bit integer (between -2^63 and 2^63-1), got {_shown(v)}", key)
     return v
 
 
@@ -100,7 +180,23 @@ def _num(body: dict, key: str) -> float | None:
     v = body.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
         raise RequestError(f"{key} must be a number, got {jtype(v)}", key)
+    if v is not None and not _finite(v):
+        shown = _shown(v) if isinstance(v, int) else repr(v)
+        raise RequestError(f"{key} must be a finite number, and 0 or at least {sys.float_info.min:.3g} in size "
+                           f"(got {shown})", key)
     return None if v is None else float(v)
+
+
+def _bool(body: dict, key: str) -> bool | None:
+    v = body.get(key)
+    if v is not None and not isinstance(v, bool):
+        raise RequestError(f"{key} must be a boolean, got {jtype(v)}", key)
+    return v
+
+
+#: max_tokens for "until end-of-generation or a full context" (llama-server's n_predict -1):
+#: more than any context holds, so the context ends it (finish_reason "length")
+NO_LIMIT = (1 << 31) - 1
 
 
 def _content(v: Any, i: int) -> str:
@@ -143,11 +239,16 @@ def parse_messages(v: Any) -> list[dict]:
     return out
 
 
+#: a stop list's bounds (llama-server has none; vLLM none): each step checks the new text against
+#: every stop string, so the list's size is the per-step cost
+MAX_STOPS, MAX_STOP_BYTES = 16, 1024
+
+
 def parse_stop(v: Any, name: str = "stop") -> list[str]:
     """Stop strings as every way in takes them (server, batch lines, the Python API, flags): a
     string or an array of strings (None: none). Empty strings are dropped, as OpenAI ignores them,
     so "" asks for no stop string and ["", "x"] for "x"; anything else that is not a string is
-    refused naming the field.
+    refused naming the field, as is a list over MAX_STOPS strings or a string over MAX_STOP_BYTES.
 
         >>> parse_stop(["", "x"]), parse_stop("")
         (['x'], [])
@@ -161,6 +262,11 @@ def parse_stop(v: Any, name: str = "stop") -> list[str]:
         if not isinstance(s, str):
             raise RequestError(f"{name} must be a string or an array of strings, got {jtype(s)} at {name}[{i}]",
                                name)
+    if len(items) > MAX_STOPS:
+        raise RequestError(f"{name} has {len(items)} strings, more than the limit of {MAX_STOPS}", name)
+    for i, s in enumerate(items):
+        if len(s.encode("utf-8", "surrogatepass")) > MAX_STOP_BYTES:
+            raise RequestError(f"{name}[{i}] is longer than the limit of {MAX_STOP_BYTES} bytes", name)
     return [s for s in items if s]
 
 
@@ -186,27 +292,37 @@ def _parse(body: Any, kind: str) -> Parsed:
         if "prompt" not in body:
             raise RequestError("prompt is required", "prompt")
         prompt, chat = _prompt(body["prompt"]), False   # /v1/completions: raw text, no chat template
-    # max_completion_tokens is the newer name (chat); it wins when both are given, as at OpenAI.
-    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    # max_completion_tokens is the newer name (chat); it wins when both are given, as at OpenAI;
+    # llama-server's n_predict (-1: until end-of-generation or a full context) comes last.
+    key = next((k for k in ("max_completion_tokens", "max_tokens", "n_predict") if body.get(k) is not None),
+               "max_tokens")
     max_tokens = _int(body, key)
+    if key == "n_predict" and max_tokens == -1:
+        max_tokens = NO_LIMIT
     if max_tokens is not None and max_tokens < 0:
-        raise RequestError(f"{key} must be >= 0, got {max_tokens}", key)
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise RequestError(f"stream must be a boolean, got {jtype(stream)}", "stream")
+        raise RequestError(f"{key} must be >= 0{' (or -1: no limit)' if key == 'n_predict' else ''}, "
+                           f"got {max_tokens}", key)
+    for k in ("max_completion_tokens", "max_tokens", "n_predict"):   # the ones that lost: still typed
+        _int(body, k)
+    stream = _bool(body, "stream")
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise RequestError(f"stream_options must be an object, got {jtype(opts)}", "stream_options")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError(f"model must be a string, got {jtype(model)}", "model")
+    if opts and opts.get("include_usage") is not None and not isinstance(opts["include_usage"], bool):
+        raise RequestError(f"stream_options.include_usage must be a boolean, got {jtype(opts['include_usage'])}",
+                           "stream_options")
+    for k, kinds, what in (("model", str, "a string"), ("user", str, "a string"), ("metadata", dict, "an object"),
+                           ("store", bool, "a boolean")):
+        if body.get(k) is not None and not isinstance(body[k], kinds):
+            raise RequestError(f"{k} must be {what}, got {jtype(body[k])}", k)
+    seed = _int(body, "seed")
     # An empty stop list is no stop of the request's own: the server's --stop default applies, as
     # when the field is absent (clients that always send "stop": [] keep it).
     req = dict(prompt=prompt, max_tokens=max_tokens, temperature=_num(body, "temperature"), top_p=_num(body, "top_p"),
-                  seed=_int(body, "seed"), stop=parse_stop(body.get("stop")) or None, chat=chat,
-                  top_k=_int(body, "top_k"), min_p=_num(body, "min_p"), repeat_penalty=_num(body, "repeat_penalty"),
-                  presence_penalty=_num(body, "presence_penalty"), frequency_penalty=_num(body, "frequency_penalty"))
-    return Parsed(kind, req, bool(stream), bool(stream and opts and opts.get("include_usage")), model)
+               seed=seed, stop=parse_stop(body.get("stop")) or None, chat=chat,
+               top_k=_int(body, "top_k"), min_p=_num(body, "min_p"), repeat_penalty=_num(body, "repeat_penalty"),
+               presence_penalty=_num(body, "presence_penalty"), frequency_penalty=_num(body, "frequency_penalty"))
+    return Parsed(kind, req, bool(stream), bool(stream and opts and opts.get("include_usage")), body.get("model"))
 
 
 def parse_chat(body: Any) -> Parsed:

@@ -50,34 +50,37 @@ TextCallback = Callable[[str, bool, str], None]
 
 
 class StopStrings:
-    """Finds stop strings in streamed text, holding back what could be the start of one."""
+    """Finds stop strings in streamed text, holding back what could be the start of one.
+
+    Only the text not emitted yet is kept (at most the longest stop string but one, plus the new
+    piece): a stop string found now cannot start in text emitted before, since that text was
+    emitted only once no stop could begin in it. So a push costs O(piece + longest stop) per stop
+    string, however long the generation.
+
+        >>> s = StopStrings(["END"])
+        >>> s.push("abcE"), s.push("N"), s.push("D tail")
+        (('ab', False), ('c', False), ('', True))
+    """
 
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.text = ""
-        self.emitted = 0
+        self.text = ""   # held back: not emitted yet
 
     def push(self, piece: str) -> tuple[str, bool]:
         """Add text; return (text safe to emit now, stopped)."""
         self.text += piece
         if self.stops:
-            start = max(0, self.emitted - self.hold)
-            hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+            hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
             if hits:
-                cut = min(hits)
-                out = self.text[self.emitted:cut]
-                self.text = self.text[:cut]
-                self.emitted = cut
+                out, self.text = self.text[:min(hits)], ""
                 return out, True
-        safe = max(self.emitted, len(self.text) - self.hold) if self.stops else len(self.text)
-        out = self.text[self.emitted:safe]
-        self.emitted = safe
+        safe = max(0, len(self.text) - self.hold) if self.stops else len(self.text)
+        out, self.text = self.text[:safe], self.text[safe:]
         return out, False
 
     def flush(self) -> str:
-        out = self.text[self.emitted:]
-        self.emitted = len(self.text)
+        out, self.text = self.text, ""
         return out
 
 
