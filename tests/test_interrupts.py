@@ -10,7 +10,6 @@ the next pull), and nothing half-written where a good file was (the tune store, 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -18,7 +17,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,82 +24,12 @@ from pathlib import Path
 import pytest
 
 import hub_server
+from child_process import GENERATING, HANG_GUARD_S, Child, child_env, default_signals, marking_generation
 from hub_server import big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures
 
-REPO = Path(__file__).resolve().parents[1]
 CASES: Counter = Counter()
 CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 SIGNALS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM")]
-TIMEOUT = 90
-
-
-def _default_signals() -> None:
-    """The child starts with SIGINT and SIGTERM at their defaults, as from a user's shell: a runner
-    that ignores them (a background job ignores SIGINT) would pass that on, and a signal sent
-    before llamaspec installs its handlers would then be dropped instead of ending the child."""
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_DFL)
-
-
-class Child:
-    """`llamaspec ARGS` in a child process, its stdout and stderr collected by threads.
-
-    The pipes are shrunk to one page: the child cannot run more than 4 KiB of output ahead of what
-    this process has read. With the default 64 KiB a whole tiny-model run fits in the pipes, and on
-    a busy machine the child could finish before the test saw its first line, so the signal meant
-    for the middle of the run found a process that had already exited 0 (a CI failure)."""
-
-    def __init__(self, *args, env: dict | None = None):
-        full = {**os.environ, **(env or {}), "PYTHONPATH": str(REPO)}
-        self.p = subprocess.Popen([sys.executable, "-m", "llamaspec", *map(str, args)], env=full,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  preexec_fn=_default_signals)
-        for stream in (self.p.stdout, self.p.stderr):
-            if hasattr(fcntl, "F_SETPIPE_SZ"):
-                fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, 4096)
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._threads = [threading.Thread(target=self._pump, args=(s, buf), daemon=True)
-                         for s, buf in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
-        for t in self._threads:
-            t.start()
-
-    @staticmethod
-    def _pump(stream, buf: list[str]) -> None:
-        while chunk := stream.read(1):
-            buf.append(chunk)
-
-    @property
-    def stdout(self) -> str:
-        return "".join(self.out)
-
-    @property
-    def stderr(self) -> str:
-        return "".join(self.err)
-
-    def wait_for(self, cond, what: str, timeout: float = TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if self.p.poll() is not None:
-                pytest.fail(f"the child ended ({self.p.returncode}) before {what}: {self.stderr[-2000:]}")
-            if time.monotonic() > deadline:
-                self.p.kill()
-                pytest.fail(f"no {what} within {timeout} s: {self.stderr[-2000:]}")
-            time.sleep(0.01)
-
-    def stop(self, sig: int) -> int:
-        """Send `sig`, wait for the exit (a hang fails the test), return the exit code."""
-        if self.p.poll() is not None:   # the signal would test nothing: say so, not "exit 0 != 143"
-            pytest.fail(f"the child ended ({self.p.returncode}) before the signal: {self.stderr[-2000:]}")
-        self.p.send_signal(sig)
-        try:
-            code = self.p.wait(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            pytest.fail(f"hung after {signal.Signals(sig).name}: {self.stderr[-2000:]}")
-        for t in self._threads:
-            t.join(10)
-        return code
 
 
 def clean_exit(c: Child, code: int, sig: int) -> None:
@@ -126,14 +54,13 @@ def test_run_keeps_the_text_so_far_and_prints_stats(tiny_models, sig):
 
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_run_json_interrupted_is_still_one_json_object(tiny_models, sig):
-    c = Child("run", tiny_models["target"], "-p", "Once upon a time", "-n", "1900", "--temp", "0", "-t", "1",
-              "--spec-type", "none", "--raw", "--json", "-v")
-    c.wait_for(lambda: "GPU offload" in c.stderr, "the models loaded (-v line)")
-    time.sleep(0.2)
+    c = Child(argv=marking_generation("run", tiny_models["target"], "-p", "Once upon a time", "-n", "1900",
+                                      "--temp", "0", "-t", "1", "--spec-type", "none", "--raw", "--json"))
+    c.wait_for(lambda: GENERATING in c.stderr, "generation under way (a decode listener's line)")
     code = c.stop(sig)
     clean_exit(c, code, sig)
     doc = json.loads(c.stdout)
-    assert doc["stop_reason"] == "interrupted" and doc["n_generated"] == len(doc["tokens"])
+    assert doc["stop_reason"] == "interrupted" and doc["n_generated"] == len(doc["tokens"]) > 0
     CASES["run"] += 1
 
 
@@ -184,7 +111,7 @@ def test_a_signal_during_close_does_not_free_twice(tiny_models, seed):
     """Raised between llama_free() and `self.ptr = None`, the interrupt made the next close free
     the context again: abort or segfault (27 of 30 runs of this loop) instead of exit 130/143."""
     p = subprocess.run([sys.executable, "-c", CLOSE_LOOP, str(tiny_models["target"]), str(seed)], capture_output=True,
-                       text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=TIMEOUT)
+                       text=True, env=child_env(), timeout=HANG_GUARD_S, preexec_fn=default_signals)
     assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stderr[-2000:])
     CASES["run"] += 1
 
@@ -220,7 +147,7 @@ def test_batch_keeps_finished_records_and_resumes(tiny_models, tmp_path, sig):
     if len(kept) == 12:
         pytest.skip("the job finished before the signal")
     again = subprocess.run([sys.executable, "-m", "llamaspec", *map(str, args)], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=TIMEOUT)
+                           env=child_env(), timeout=HANG_GUARD_S)
     assert again.returncode == 0, again.stderr
     assert f"resuming: {len(kept)} of 12" in again.stderr
     final = _records(out)
@@ -316,7 +243,7 @@ def test_pull_keeps_the_partial_download_and_resumes(hub, hub_home, tiny_models,
     SLOW["on"] = False
     hub.reset()
     again = subprocess.run([sys.executable, "-m", "llamaspec", "pull", "org/main:Q4_K_M", "-q"], capture_output=True,
-                           text=True, env={**os.environ, **hub_home, "PYTHONPATH": str(REPO)}, timeout=TIMEOUT)
+                           text=True, env=child_env(hub_home), timeout=HANG_GUARD_S)
     assert again.returncode == 0, again.stderr
     path = Path(again.stdout.strip().splitlines()[-1])
     assert hashlib.sha256(path.read_bytes()).hexdigest() == hashlib.sha256(want).hexdigest()
@@ -353,6 +280,6 @@ def test_run_after_a_signal_whose_raise_never_landed_still_exits_143(tiny_models
     still not exit 0 after a SIGTERM."""
     r = subprocess.run([sys.executable, "-c", LOST_RAISE, "run", str(tiny_models["target"]), "-p", "hi", "-n", "4",
                         "--temp", "0", "-t", "1", "--spec-type", "none", "--raw"], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+                       env=child_env(), timeout=HANG_GUARD_S)
     assert r.returncode == 143, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and "stop: length" in r.stderr
