@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -13,13 +14,18 @@ from llamaspec.cli._generation import TargetArg, generation_flags
 from llamaspec.cli._options import at_least, draft_size_warning, in_range, ngram_flags, output_flags
 from llamaspec.cli._output import Output
 from llamaspec.cli.app import app
-from llamaspec.errors import LlamaspecError
+from llamaspec.errors import LlamaspecError, UsageError
 
 if TYPE_CHECKING:
     from llamaspec.generation_options import GenerationOptions
     from llamaspec.speculative.options import NgramParams
 
 EXTRA_HINT = "pip install 'llamaspec[server]'"
+
+
+class SuffixScope(str, Enum):
+    shared = "shared"
+    request = "request"
 
 
 def require_server_extra() -> None:
@@ -38,6 +44,7 @@ def require_server_extra() -> None:
 @ngram_flags
 @generation_flags
 def serve(
+    ctx: typer.Context,
     model: TargetArg = None,
     parallel: Annotated[int, typer.Option(
         "--parallel", "-np", help="Slots decoded together in one context (requests beyond them wait).",
@@ -52,6 +59,19 @@ def serve(
         help="RAM for the KV of prompts that left their slot, restored when a request shares their "
              "prefix (as llama-server's; -1: no limit, 0: off).",
         callback=at_least("--cache-ram", -1))] = 8192,
+    timeout: Annotated[int, typer.Option(
+        "--timeout", "-to", metavar="SECONDS",
+        help="A request still queued after this long gets 503; one generating ends with what it has "
+             "(finish_reason length), as llama-server's --timeout.", callback=at_least("--timeout", 1))] = 600,
+    cors_origins: Annotated[Optional[str], typer.Option(
+        "--cors-origins", metavar="ORIGINS",
+        help="Comma-separated origins whose web pages may call the API (e.g. http://localhost:3000; "
+             "default: none).")] = None,
+    suffix_scope: Annotated[SuffixScope, typer.Option(
+        "--suffix-scope", case_sensitive=False,
+        help="What the suffix drafter learns from: 'shared', every finished request (faster on repeated "
+             "text; timings can tell a client whether a text was seen before), or 'request', each "
+             "request's own text only (a server shared between people).")] = SuffixScope.shared,
     *,
     gen: GenerationOptions,
     ngram: NgramParams,
@@ -64,11 +84,22 @@ def serve(
     from llamaspec.generator import Generator
     from llamaspec.runtime.llama import set_llama_log
     from llamaspec.serve import server
-    from llamaspec.serve.app import create_app
+    from llamaspec.serve.app import create_app, is_loopback
     from llamaspec.serve.scheduler import Scheduler
 
+    if api_key is not None and not api_key.strip():
+        raise UsageError("--api-key is empty", "give a key, or leave --api-key out to serve without one")
     key = api_key if api_key is not None else (os.environ.get("LLAMASPEC_API_KEY") or None)
+    origins = [o.strip() for o in (cors_origins or "").split(",") if o.strip()]
+    if getattr(ctx.get_parameter_source("n_predict"), "name", "DEFAULT") == "DEFAULT":   # -n not given
+        from llamaspec.openai_format import NO_LIMIT   # max_tokens omitted: until end-of-generation or a full context
+
+        gen = replace(gen, max_tokens=NO_LIMIT)
     sock = server.bind(host, port)   # a port in use fails before the model loads
+    loopback = is_loopback(host)
+    if not loopback and key is None:
+        out.warn(f"--host {host} is reachable from other machines and no --api-key is set: anyone who can reach "
+                 f"port {port} can use the model")
     set_llama_log(out.verbose)
     try:
         with Generator.from_options(model, replace(gen, ngram=ngram, parallel=parallel)) as g:
@@ -77,8 +108,9 @@ def serve(
             if warning := draft_size_warning(g.resolved.target_path, g.resolved.draft_path):
                 out.warn(warning)
             name = Path(g.resolved.target_path).name
-            sched = Scheduler(g, parallel, cache_ram_mib=cache_ram)
-            web = create_app(sched, model_name=name, api_key=key)
+            sched = Scheduler(g, parallel, cache_ram_mib=cache_ram, timeout=timeout,
+                              shared_drafts=suffix_scope is SuffixScope.shared)
+            web = create_app(sched, model_name=name, api_key=key, cors_origins=origins, loopback_only=loopback)
             sched.start()
             bound = sock.getsockname()
             out.info(f"serving {name} on http://{_url_host(bound[0])}:{bound[1]}/v1 ({parallel} slot"
@@ -88,6 +120,8 @@ def serve(
                 signalled = server.run(web, sched, sock, verbose=out.verbose)
             finally:
                 sched.stop()
+            if not sched.alive:
+                raise LlamaspecError(f"the engine stopped: {sched.dead}", "see the log above; restart the server")
     finally:
         sock.close()
     if signalled is not None:

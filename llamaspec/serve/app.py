@@ -1,15 +1,24 @@
 """The HTTP routes (FastAPI): OpenAI's /v1/chat/completions, /v1/completions and /v1/models,
 plus /health and /metrics. Handlers never touch the model: they hand a `Job` to the engine thread
 (scheduler.py) and read its events from an asyncio queue (`emit` posts into it thread-safely).
-Every error is OpenAI's JSON shape, {"error": {"message", "type", "param", "code"}}.
+Every error is OpenAI's JSON shape, {"error": {"message", "type", "param", "code"}}, whatever
+failed (an exception no route expected is a 500 of that shape, never a plain-text page).
+
+Browsers: POSTs must say `Content-Type: application/json` (a web page can send text/plain
+cross-origin without asking, never JSON), no origin may read answers unless `cors_origins` names
+it, and a server bound to loopback refuses requests whose Host is another name (DNS rebinding:
+a page of evil.example resolved to 127.0.0.1).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
-from typing import Any
+import sys
+import traceback
+from typing import Any, Sequence
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,17 +31,20 @@ from llamaspec.generator import Request as GenRequest
 from llamaspec.serve.scheduler import Job, Scheduler
 
 MAX_BODY = 8 * 1024 * 1024   # bytes of one request body
+MAX_DEPTH = 64               # nesting of arrays and objects in a request body
+RETRY_AFTER_S = 5            # what a 503 for a full queue asks the client to wait
 
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None):
+                 type: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+        self.headers = headers
 
 
 def _error_response(e: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else e.headers
     return JSONResponse(fmt.error_body(e.message, status=e.status, param=e.param, code=e.code, type=e.type),
                         status_code=e.status, headers=headers)
 
@@ -54,15 +66,89 @@ async def read_json(request: Request, limit: int) -> Any:
             raise ApiError(413, f"the request body is over the limit of {limit:,} bytes", code="request_too_large")
         chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks), parse_constant=_no_constant)
+        body = json.loads(b"".join(chunks), parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        body = None
+    if body is None or _too_deep(body, MAX_DEPTH):
+        raise ApiError(400, f"the request body nests arrays and objects more than {MAX_DEPTH} deep") from None
+    return body
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """Nesting beyond `limit` (iterative: the checks after parsing must not recurse that deep)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if items is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((x, depth + 1) for x in items)
+    return False
+
+
+LOOPBACK_NAMES = ("localhost", "localhost.")
+
+
+def is_loopback(host: str) -> bool:
+    """An address or name that only reaches this machine (127.0.0.0/8, ::1, localhost).
+
+        >>> [is_loopback(h) for h in ("127.0.0.1", "::1", "localhost", "0.0.0.0", "evil.example")]
+        [True, True, True, False, False]
+    """
+    host = host.strip("[]").lower()
+    if host in LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(header: str) -> str:
+    """The name of a Host header, its port dropped ("[::1]:8080" -> "::1")."""
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+class LoopbackHostOnly:
+    """ASGI middleware for a server bound to loopback: a request whose Host header names another
+    host (a page whose DNS name was rebound to 127.0.0.1) gets 403 before any route runs."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if host and not is_loopback(_host_name(host)):
+                e = ApiError(403, f"Host {host[:100]!r} is not a loopback name: this server listens on loopback "
+                                  "only (use http://127.0.0.1 or http://localhost, or bind --host to serve other "
+                                  "names)", code="host_not_allowed")
+                return await _error_response(e)(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def _is_json(content_type: str) -> bool:
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
 def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
-               max_body: int = MAX_BODY) -> FastAPI:
+               max_body: int = MAX_BODY, cors_origins: Sequence[str] = (), loopback_only: bool = False) -> FastAPI:
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None, openapi_url=None)
     created = fmt.now()
+    if cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"])
+    if loopback_only:   # added last: runs first, before CORS answers a preflight
+        app.add_middleware(LoopbackHostOnly)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
@@ -76,6 +162,12 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
     async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
         return _error_response(ApiError(400, str(e)))
 
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception) -> JSONResponse:
+        traceback.print_exception(e, file=sys.stderr)
+        return _error_response(ApiError(500, f"internal error: {type(e).__name__} (see the server's log)",
+                                        type="server_error"))
+
     def authorized(request: Request) -> None:
         if api_key is None:
             return
@@ -87,10 +179,14 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        counts = {"slots_processing": sched.processing, "requests_deferred": sched.deferred,
+                  "requests_in_flight": sched.in_flight}
+        if not sched.alive:
+            return JSONResponse({"status": "error", "message": f"the engine stopped: {sched.dead}", **counts},
+                                status_code=503)
         if sched.draining:
-            return JSONResponse({"status": "draining"}, status_code=503)
-        return JSONResponse({"status": "ok", "slots_processing": sched.processing,
-                             "requests_deferred": sched.deferred})
+            return JSONResponse({"status": "draining", **counts}, status_code=503)
+        return JSONResponse({"status": "ok", **counts})
 
     api = APIRouter(dependencies=[Depends(authorized)])
 
@@ -111,8 +207,11 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
         return await _generate(request, fmt.COMPLETION)
 
     async def _generate(request: Request, kind: str) -> Response:
-        if sched.draining:
+        if not sched.alive or sched.draining:
             raise ApiError(503, "the server is shutting down", type="server_error")
+        if not _is_json(request.headers.get("content-type", "")):
+            raise ApiError(415, "send the header Content-Type: application/json (got "
+                                f"{request.headers.get('content-type', 'none')[:60]!r})", code="unsupported_media_type")
         body = await read_json(request, max_body)
         try:
             parsed = (fmt.parse_chat if kind == fmt.CHAT else fmt.parse_completion)(body)
@@ -123,8 +222,10 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
         job = Job(rid, GenRequest(**parsed.fields), lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
                   stream=parsed.stream, field_prompt="messages" if kind == fmt.CHAT else "prompt")
         if not sched.submit(job):
-            raise ApiError(503, "the server is shutting down" if sched.draining else "too many requests queued",
-                           type="server_error")
+            if sched.draining or not sched.alive:
+                raise ApiError(503, "the server is shutting down", type="server_error")
+            raise ApiError(503, "too many requests queued; retry later", type="server_error",
+                           headers={"Retry-After": str(RETRY_AFTER_S)})
         ev = await _next_event(request, job, events)   # accepted, or refused (a bad value, too long)
         if ev[0] == "error":
             raise ApiError(*ev[1:])
@@ -147,6 +248,8 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
                 done, _ = await asyncio.wait({getter}, timeout=1.0)
                 if done:
                     return getter.result()
+                if not sched.alive and events.empty():   # (its error event is normally there first)
+                    raise ApiError(500, "internal error: the server's engine stopped", type="server_error")
                 if await request.is_disconnected():
                     sched.cancel(job)
                     raise ApiError(499, "the client closed the request")
@@ -181,6 +284,13 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
                     status, message, param, code = ev[1:]
                     yield {"data": json.dumps(fmt.error_body(message, status=status, param=param, code=code))}
                     return
+        except Exception as e:  # noqa: BLE001 - a broken stream ends with an error event, not a cut
+            traceback.print_exception(e, file=sys.stderr)
+            if not finished:
+                finished = True
+                sched.cancel(job)
+                yield {"data": json.dumps(fmt.error_body(f"internal error: {type(e).__name__} (see the server's log)",
+                                                         status=500))}
         finally:
             if not finished:   # the client went away mid-stream: stop its sequence now
                 sched.cancel(job)

@@ -7,6 +7,12 @@ thread-safe). HTTP handlers hand it `Job`s through a queue and get events back t
     ("done", Result, cache_n)        finished; cache_n prompt tokens came from the slot's KV cache
     ("error", status, message, param, code)
 
+Faults stay with their request: whatever raises while one request is prepared, admitted, has its
+text sent or is finished ends that request alone (a 500); a failure of the shared step (a
+llama_decode error) ends the sequences of that step; the in-flight count stays exact on every
+path. If the engine thread dies anyway, every waiting request gets a 500, `dead` says why and
+`on_death` is called (the server exits non-zero so that a supervisor restarts it).
+
 Up to `parallel` slots (llama.cpp sequence ids) are decoded together, the verify rows of all of
 them in one llama_decode per step, each with its own drafter state: the engine's own pieces, as
 `SpecEngine.generate_many` drives them (`SequenceRun` start / `engine._step` / finish). Unlike
@@ -17,9 +23,11 @@ returning conversation reuses what the slot already evaluated (`engine._cached`)
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
@@ -38,6 +46,27 @@ MAX_PENDING = 1024   # requests waiting for a slot; beyond it: 503 (the client m
 _WAKE = object()
 _STOP = object()
 
+#: Test-only fault injection (tests/test_serve_faults.py), off unless this variable is "1": a
+#: request whose prompt contains "<<fault:KIND>>" raises at that point. KIND is one of FAULT_KINDS:
+#: prepare / admit / text / step / finish raise an ordinary exception (the request, or for step
+#: the requests of that step, get a 500); engine raises past every handler (the engine thread dies).
+FAULT_HOOK_ENV = "LLAMASPEC_TEST_FAULT_HOOK"
+FAULT_KINDS = ("prepare", "admit", "text", "step", "finish", "engine")
+_FAULTS_ON = os.environ.get(FAULT_HOOK_ENV) == "1"
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+class _InjectedDeath(BaseException):   # not an Exception: no handler of the loop stops it
+    pass
+
+
+def _fault(job: "Job", kind: str) -> None:
+    if _FAULTS_ON and f"<<fault:{kind}>>" in str(job.request.prompt):
+        raise (_InjectedDeath if kind == "engine" else InjectedFault)(f"injected fault: {kind}")
+
 
 @dataclass(eq=False)
 class Job:
@@ -49,20 +78,39 @@ class Job:
     cancelled: bool = False            # set by the handler (client gone); read by the engine thread
     tokens: list[int] = field(default_factory=list)
     config: Any = None
+    deadline: float = float("inf")     # time.monotonic() past which it ends (--timeout)
+    error: BaseException | None = None  # a failure while its text was sent: ends it at the next reap
+    ended: bool = False                # answered and counted out of the in-flight requests
+
+    def send(self, event: tuple) -> None:
+        """emit, never raising into the engine thread (a closed event loop: the client is gone)."""
+        try:
+            self.emit(event)
+        except Exception:  # noqa: BLE001
+            self.cancelled = True
 
 
 class Scheduler:
     """Owns `generator` from `start()` until `stop()` returns; see the module docstring."""
 
-    def __init__(self, generator: "Generator", parallel: int, cache_ram_mib: int = 0):
+    def __init__(self, generator: "Generator", parallel: int, cache_ram_mib: int = 0, *,
+                 timeout: float = float("inf"), on_death: Callable[[], None] | None = None,
+                 shared_drafts: bool = True):
         from llamaspec.serve.metrics import Metrics
 
         self.gen, self.parallel = generator, parallel
         # recurrent/hybrid memories cannot be cut to a prefix: nothing to restore a prefix from
         keeps = cache_ram_mib != 0 and not generator.pipeline.target.needs_checkpoints
         self.prompt_cache = PromptCache(cache_ram_mib << 20 if cache_ram_mib > 0 else 1 << 62) if keeps else None
-        self.metrics = Metrics(lambda: {"requests_processing": self.processing, "requests_deferred": self.deferred})
+        self.metrics = Metrics(lambda: {"requests_processing": self.processing, "requests_deferred": self.deferred,
+                                        "requests_in_flight": self.in_flight})
         self.engine = generator.pipeline.engine
+        if not shared_drafts:   # (--suffix-scope request) no drafter learns from other requests' text
+            from llamaspec.speculative.drafters.suffix import SuffixDrafter
+
+            for d in self.engine.drafter.members() if self.engine.drafter is not None else ():
+                if isinstance(d, SuffixDrafter):
+                    d.shared = False
         self._inbox: queue.Queue = queue.Queue()
         self._pending: deque[Job] = deque()
         self._active: dict[int, tuple[Job, "SequenceRun"]] = {}
@@ -71,6 +119,8 @@ class Scheduler:
         self._inflight = 0
         self._idle = threading.Condition()
         self.draining = False
+        self.timeout, self.on_death = timeout, on_death
+        self.dead: str | None = None   # why the engine thread stopped unexpectedly
         self._thread = threading.Thread(target=self._run, name="llamaspec-engine", daemon=True)
 
     # -- called from the HTTP side (any thread) -------------------------------------------------
@@ -79,11 +129,12 @@ class Scheduler:
 
     def submit(self, job: Job) -> bool:
         """Queue a job; False when the server is draining or the queue is full (answer 503)."""
-        with self._idle:
-            if self.draining or self._inflight >= MAX_PENDING + self.parallel:
+        with self._idle:   # (put under the lock: a dying engine thread drains the inbox under it too)
+            if self.draining or self.dead or self._inflight >= MAX_PENDING + self.parallel:
                 return False
             self._inflight += 1
-        self._inbox.put(job)
+            job.deadline = time.monotonic() + self.timeout
+            self._inbox.put(job)
         return True
 
     def cancel(self, job: Job) -> None:
@@ -115,12 +166,28 @@ class Scheduler:
     def deferred(self) -> int:
         return len(self._pending)
 
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not answered yet (queued, waiting for a slot or generating)."""
+        return self._inflight
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None
+
     # -- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - the engine is gone: answer everyone, then say so
+            self._die(e)
+
+    def _loop(self) -> None:
         while True:
             try:
                 if self._read_inbox(block=not self._active and not self._pending):
                     break
+                self._expire()
                 self._admit()
                 self._reap()
                 if self._active:
@@ -131,14 +198,47 @@ class Scheduler:
                 for slot, (job, seq) in list(self._active.items()):
                     if seq.done:
                         continue
-                    seq.abandon()
                     del self._active[slot]
+                    self._drop(slot, seq)
                     self._fail(job, 500, "internal error (see the server's log)")
         for job, seq in list(self._active.values()):
             seq.stop("interrupted")
         self._reap()
         while self._pending:
             self._fail(self._pending.popleft(), 503, "the server is shutting down")
+
+    def _die(self, exc: BaseException) -> None:
+        """The engine thread is ending on an error no handler took: fail every request it holds
+        or would have taken (the Generator is left as it is: nothing may use it any more)."""
+        traceback.print_exception(exc, file=sys.stderr)
+        message = "internal error: the server's engine stopped (see the server's log); the server is exiting"
+        with self._idle:
+            self.dead = f"{type(exc).__name__}: {exc}"
+            waiting = []
+            while True:
+                try:
+                    waiting.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+        jobs = [job for job, _ in self._active.values()] + list(self._pending)
+        jobs += [m for m in waiting if isinstance(m, Job)]
+        self._active.clear()
+        self._pending.clear()
+        for job in jobs:
+            self._fail(job, 500, message)
+        if self.on_death is not None:
+            self.on_death()
+
+    def _expire(self) -> None:
+        """--timeout: a request still queued past its deadline gets 503; a generating one ends
+        with what it has (finish_reason "length")."""
+        now = time.monotonic()
+        while self._pending and self._pending[0].deadline <= now:   # (deadlines grow along the queue)
+            self._fail(self._pending.popleft(), 503, f"the request waited more than {self.timeout:g} s for a slot "
+                                                     "(--timeout); retry later", code="timeout")
+        for job, seq in self._active.values():
+            if job.deadline <= now and not seq.done:
+                seq.stop("length")
 
     def _read_inbox(self, block: bool) -> bool:
         """Take what the handlers sent; True when told to stop."""
@@ -159,6 +259,7 @@ class Scheduler:
         if job.cancelled:
             return self._finished(job)
         try:
+            _fault(job, "prepare")
             job.config = self.gen._config(job.request)
             job.tokens = self.gen.tokenize(job.request.prompt, job.request.chat)
         except UsageError as e:
@@ -171,7 +272,7 @@ class Scheduler:
         if len(job.tokens) > n_ctx:
             return self._fail(job, 400, f"the prompt is {len(job.tokens)} tokens, longer than the context of "
                                         f"{n_ctx} tokens per slot", job.field_prompt, "context_length_exceeded")
-        job.emit(("accepted", len(job.tokens)))
+        job.send(("accepted", len(job.tokens)))
         self._pending.append(job)
 
     def _admit(self) -> None:
@@ -182,21 +283,50 @@ class Scheduler:
             if job.cancelled:
                 self._finished(job)
                 continue
-            slot, shared = self._pick_slot(job.tokens)
-            self._swap_in(slot, job.tokens, shared)
-            on_text = (lambda piece, from_draft, source, j=job: j.emit(("text", piece))) if job.stream else None
-            seq = SequenceRun(self.engine, slot, job.tokens, job.config, on_text)
+            slot, seq = None, None
             try:
+                _fault(job, "admit")
+                slot, shared = self._pick_slot(job.tokens)
+                self._swap_in(slot, job.tokens, shared)
+                seq = SequenceRun(self.engine, slot, job.tokens, job.config, self._text_sink(job) if job.stream else None)
                 seq.start()
             except LlamaspecError as e:   # cannot run (the context): this request fails, the rest go on
-                seq.abandon()
+                self._drop(slot, seq)
                 self._fail(job, 400, e.message, job.field_prompt, "context_length_exceeded")
                 continue
             except Exception as e:  # noqa: BLE001 - a bug must not take the server down
-                seq.abandon()
+                self._drop(slot, seq)
                 self._crash(job, e)
                 continue
             self._active[slot] = (job, seq)
+
+    def _text_sink(self, job: Job):
+        """The streamed-text callback of `job`'s sequence (called inside the shared step): a
+        failure here is the job's, kept for the next reap, never the step's."""
+        def on_text(piece: str, from_draft: bool, source: str) -> None:
+            if job.error is not None:
+                return
+            try:
+                _fault(job, "text")
+                job.emit(("text", piece))
+            except Exception as e:  # noqa: BLE001
+                job.error = e
+        return on_text
+
+    def _drop(self, slot: int | None, seq: "SequenceRun | None") -> None:
+        """Free a slot whose sequence failed: its KV and drafter state go (best effort: a failure
+        here is logged, the slot is cleared as far as it can be)."""
+        if slot is None:
+            return
+        try:
+            if seq is not None:
+                seq.abandon()
+            else:
+                self.engine._cached.pop(slot, None)
+                self.engine.ctx.seq_rm(slot, 0, -1)
+        except Exception:  # noqa: BLE001
+            traceback.print_exc(file=sys.stderr)
+            self.engine._cached.pop(slot, None)
 
     def _swap_in(self, slot: int, tokens: list[int], here: int) -> None:
         """Before `tokens` take `slot`, whose KV shares `here` tokens with them: save the slot's KV
@@ -239,15 +369,17 @@ class Scheduler:
     def _step(self) -> None:
         seqs = [seq for _, seq in self._active.values()]
         try:
+            for job, _ in self._active.values():
+                _fault(job, "step")
             self.engine._step(seqs)
-        except Exception as e:  # noqa: BLE001 - fail these requests, keep serving the next ones
+        except Exception as e:  # noqa: BLE001 - fail the requests of this step, keep serving the next ones
+            if not isinstance(e, LlamaspecError):
+                traceback.print_exception(e, file=sys.stderr)
             for slot, (job, seq) in list(self._active.items()):
-                seq.abandon()
                 del self._active[slot]
-                if isinstance(e, LlamaspecError):
-                    self._fail(job, 500, e.message)
-                else:
-                    self._crash(job, e)
+                self._drop(slot, seq)
+                self._fail(job, 500, f"internal error: {e.message if isinstance(e, LlamaspecError) else type(e).__name__}"
+                                     " (the step shared with other requests failed; see the server's log)")
 
     def _reap(self) -> None:
         """Finish the sequences that are done, or whose client has gone (the slot is free again;
@@ -256,20 +388,32 @@ class Scheduler:
             if job.cancelled and not seq.done:
                 seq.stop("interrupted")
                 self.metrics.cancelled()
+            if job.error is not None and not seq.done:
+                seq.stop("interrupted")
             if not seq.done:
                 continue
             del self._active[slot]
             self._uses += 1
             self._last_used[slot] = self._uses
-            result = self.gen._result(job.id, seq.finish())
-            cache_n = result.stats.get("n_prompt_cached", 0)
-            self.metrics.finished(result, cache_n)
-            if not job.cancelled:
-                job.emit(("done", result, cache_n))
-            self._finished(job)
+            try:
+                _fault(job, "finish")
+                result = self.gen._result(job.id, seq.finish())
+                cache_n = result.stats.get("n_prompt_cached", 0)
+                self.metrics.finished(result, cache_n)
+            except Exception as e:  # noqa: BLE001 - this request's end failed: it alone gets the error
+                self._drop(slot, seq)
+                self._crash(job, e)
+                continue
+            if job.error is not None:
+                self._crash(job, job.error)
+            elif not job.cancelled:
+                job.send(("done", result, cache_n))
+                self._finished(job)
+            else:
+                self._finished(job)
 
     def _fail(self, job: Job, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        job.emit(("error", status, message, param, code))
+        job.send(("error", status, message, param, code))
         self._finished(job)
 
     def _crash(self, job: Job, exc: BaseException) -> None:
@@ -278,6 +422,9 @@ class Scheduler:
 
     def _finished(self, job: Job) -> None:
         with self._idle:
+            if job.ended:   # answered once, counted once
+                return
+            job.ended = True
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.notify_all()

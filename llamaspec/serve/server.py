@@ -1,11 +1,14 @@
 """uvicorn, with llamaspec's shutdown: SIGTERM (or Ctrl-C) drains. New requests get 503 while the
 ones in flight finish (at most `drain_seconds`; past that they end with what they have), then the
-server stops and the command exits 0. A second signal stops at once.
+server stops and the command exits 0. A second signal stops at once. If the engine thread dies
+(scheduler.py), the server stops at once and the command exits non-zero, for a supervisor to
+restart it; a process that cannot stop by itself within DEATH_EXIT_S is ended.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -13,8 +16,10 @@ import threading
 
 import uvicorn
 
-from llamaspec.errors import LlamaspecError
+from llamaspec.errors import EXIT_FAILURE, LlamaspecError
 from llamaspec.serve.scheduler import Scheduler
+
+DEATH_EXIT_S = 10.0
 
 
 class _DrainingServer(uvicorn.Server):
@@ -30,6 +35,13 @@ class _DrainingServer(uvicorn.Server):
         self.signalled = sig
         self.sched.drain()
         threading.Thread(target=self._drain, name="llamaspec-drain", daemon=True).start()
+
+    def engine_died(self) -> None:
+        """Called by the dying engine thread: stop serving now (no drain: nothing can finish)."""
+        self.force_exit = self.should_exit = True
+        timer = threading.Timer(DEATH_EXIT_S, os._exit, (EXIT_FAILURE,))
+        timer.daemon = True
+        timer.start()
 
     def _drain(self) -> None:
         if not self.sched.wait_idle(self.drain_seconds):
@@ -79,5 +91,8 @@ def run(app, sched: Scheduler, sock: socket.socket, *, drain_seconds: float = 30
     config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, lifespan="off",
                             timeout_graceful_shutdown=5)
     server = _DrainingServer(config, sched, drain_seconds)
+    sched.on_death = server.engine_died
+    if not sched.alive:   # (died before the server was there to be told)
+        server.engine_died()
     server.run(sockets=[sock])
     return server.signalled

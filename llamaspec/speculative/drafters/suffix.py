@@ -55,6 +55,9 @@ class SuffixDrafter(Drafter):
         self.factor, self.offset, self.min_prob = factor, offset, min_prob
         self.tree = SuffixIndex(n_min, max_tokens)
         self._seqs: dict[int, _Seq] = {}
+        # False: finished requests are not indexed, each drafts from its own text only (a server
+        # shared between people: draft timings could tell one client what another wrote)
+        self.shared = True
 
     # -- life cycle -------------------------------------------------------------------------
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
@@ -70,7 +73,7 @@ class SuffixDrafter(Drafter):
     def end(self, seq_id: int) -> None:
         # The request's prompt and output join the global index for the requests after it.
         s = self._seqs.pop(seq_id, None)
-        if s is not None and len(s.tokens) > self.n_min:
+        if self.shared and s is not None and len(s.tokens) > self.n_min:
             self.tree.add(s.tokens)
 
     def close(self) -> None:
