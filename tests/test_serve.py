@@ -168,7 +168,7 @@ def test_bad_requests_are_400_naming_the_field_and_the_server_goes_on(server):
     assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "prompt"
     # a 9 MiB body: refused from its Content-Length, before the server reads it
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n{\"prompt\": \"" % (9 << 20))
         data = b""
         while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < int(
