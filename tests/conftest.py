@@ -40,15 +40,30 @@ def test_models_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_models(test_models_dir: Path) -> dict[str, Path]:
-    """name -> path of the tiny GGUF set (see llamaspec.testing.tiny_models.make_tiny_set)."""
-    return make_tiny_set(test_models_dir / f"tiny-v{GENERATOR_VERSION}")
+    """name -> path of the tiny GGUF set (see llamaspec.testing.tiny_models.make_tiny_set), each a
+    symlink alone in a folder of its own: `--draft auto` looks beside the target, so a test has a
+    draft there only when it puts one there."""
+    made = make_tiny_set(test_models_dir / f"tiny-v{GENERATOR_VERSION}")
+    return {name: _alone(path, test_models_dir / f"tiny-v{GENERATOR_VERSION}-alone" / name) for name, path in made.items()}
+
+
+def _alone(path: Path, folder: Path) -> Path:
+    """A symlink to `path` in `folder` (made atomically: parallel test runs share the cache)."""
+    link = folder / path.name
+    if os.path.realpath(link) != os.path.realpath(path):
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+        tmp.unlink(missing_ok=True)
+        os.symlink(path, tmp)
+        os.replace(tmp, link)
+    return link
 
 
 def _real(getter, package: str) -> Path:
     path = getter()
     if path is None:
         pytest.skip(f"the {package} package is not installed (pip install -e '.[test]')")
-    return path
+    return _alone(path, real_models.cache_dir() / "alone" / path.stem)   # (the cache holds other models)
 
 
 @pytest.fixture(scope="session")

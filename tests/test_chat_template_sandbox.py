@@ -17,6 +17,8 @@ from llamaspec.errors import ChatTemplateError
 from llamaspec.runtime.chat_template import render
 from llamaspec.testing.tiny_models import BASE_SEED, bpe_vocab, write_llama_model
 
+HANG_GUARD_S = 60   # a hang guard, not a speed bound: speed belongs to benchmarks
+
 CASES: Counter = Counter()
 
 UNSAFE = "its chat template tried an unsafe operation"
@@ -67,7 +69,7 @@ def test_hostile_template_is_one_clean_error(name):
     start = time.monotonic()
     with pytest.raises(ChatTemplateError) as info:
         _render(template)
-    assert time.monotonic() - start < 4
+    assert time.monotonic() - start < HANG_GUARD_S   # the render's own time limit ended it
     msg = info.value.message
     assert msg.startswith("m.gguf: its chat template") and says in msg and "\n" not in msg, msg
     assert "--raw" in info.value.hint and info.value.exit_code == 1
@@ -123,7 +125,3 @@ def test_run_on_a_model_with_a_hostile_template(run_cli, template_models, name):
 def test_good_template_model_runs(run_cli, template_models):
     r = run_cli("run", template_models["good"], "-p", "hello", "-n", "4", "--spec-type", "none")
     assert r.exit_code == 0, r.stderr
-
-
-def test_case_counts():
-    print("\nchat template cases:", {"render": len(HOSTILE), **CASES})

@@ -23,7 +23,7 @@ from hub_server import HubServer, hub_env
 from llamaspec.testing.corrupt_gguf import corpus
 
 REPO = Path(__file__).resolve().parents[1]
-TIMEOUT = 30  # seconds per invocation: more is a hang
+HANG_GUARD_S = 30  # seconds per invocation: more is a hang
 COMMANDS = ("inspect", "check_main", "check_draft", "pair_target", "pair_search", "run_target", "run_draft",
             "bench", "batch", "models", "pull")
 HEADER_ONLY = ("inspect", "check_main", "check_draft", "pair_target")
@@ -103,7 +103,7 @@ def _invoke(run_cli, args) -> tuple[object, float]:
         raise Hang()
 
     old = signal.signal(signal.SIGALRM, alarm)
-    signal.alarm(TIMEOUT)
+    signal.alarm(HANG_GUARD_S)
     t0 = time.monotonic()
     try:
         return run_cli(*args), time.monotonic() - t0
@@ -173,10 +173,10 @@ def test_every_case_through_command(cmd, world, run_cli, tmp_path, monkeypatch):
                 else:
                     server.add_repo("org/corrupt", {"corrupt-Q8_0.gguf": path.read_bytes()})
             try:
-                r, seconds = _invoke(run_cli, _args(cmd, path, world, tmp))
+                r, _seconds = _invoke(run_cli, _args(cmd, path, world, tmp))
             except Hang:
                 RESULTS[cmd]["hangs"] += 1
-                failures.append(f"{case.name}: hang (> {TIMEOUT} s)")
+                failures.append(f"{case.name}: hang (> {HANG_GUARD_S} s)")
                 continue
             except Exception as exc:  # noqa: BLE001 - an escaped exception is a traceback
                 RESULTS[cmd]["tracebacks"] += 1
@@ -218,7 +218,7 @@ def test_real_process_has_no_traceback(name, cmd, world):
             else [cmd, str(path), "--json"])
     exe = REPO / ".venv/bin/llamaspec"
     prefix = [str(exe)] if exe.exists() else [sys.executable, "-m", "llamaspec"]
-    proc = subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=TIMEOUT,
+    proc = subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=HANG_GUARD_S,
                           env={"COLUMNS": "400", "PATH": "/usr/bin", "LANG": "C.UTF-8"})
     RESULTS[f"{cmd} (subprocess)"]["cases"] += 1
     RESULTS[f"{cmd} (subprocess)"]["tracebacks"] += "Traceback" in proc.stderr

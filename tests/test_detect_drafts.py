@@ -233,7 +233,8 @@ def test_registry_models_carry_a_draft_kind(tmp_path):
 
 def test_run_draft_auto_takes_the_made_for_target_draft_and_stays_lossless(run_cli, test_models_dir, tmp_path,
                                                                           isolated_home):
-    spec = pytest.importorskip("llamaspec.testing.tiny_spec_drafts")
+    from llamaspec.testing import tiny_spec_drafts as spec
+
     m = spec.make_spec_draft_set(test_models_dir / "tiny-spec-drafts")
     repo = tmp_path / "repo"
     target = _link(m["bigram_target"], repo / "model.gguf")

@@ -439,34 +439,42 @@ def test_a_paused_drafter_does_not_stop_a_free_one_in_a_chain(tiny_target, monke
     assert engine.last_controllers["wrong"].n_pauses > 0, "the failing drafter must have been paused"
 
 
-def test_parallel_sequences_share_the_batch_time_by_rows(tiny_models):
+def test_parallel_sequences_share_the_batch_time_by_rows(tiny_models, monkeypatch):
     """At --parallel 2 one llama_decode verifies both sequences: each is charged its rows' share
     of that time (in verify_seconds and in what its controller's cost model learns), not all of it.
 
-    A decode listener (called inside the timed batch, once per sequence's segment) sleeps SLEEP, so
-    the batch times are known: before, the sequences' verify_seconds added up to twice the time
-    spent in decodes, and the cost model took a one-token step for two."""
-    import time
+    The engine's clock is a virtual one that only a decode listener moves (STEP per call: once per
+    sequence's segment), so the batch times are known exactly and no wall clock is read: before,
+    the sequences' verify_seconds added up to twice the time spent in decodes, and the cost model
+    took a one-token step for two."""
+    import types
 
     from llamaspec.generator import Generator
+    from llamaspec.speculative import engine as engine_mod, sequence as sequence_mod
 
-    SLEEP = 0.03
-    slept = []
+    STEP = 0.03
+    now = [0.0]
+    calls = []
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(engine_mod, "time", clock)
+    monkeypatch.setattr(sequence_mod, "time", clock)
 
-    def slow(*_):
-        time.sleep(SLEEP)
-        slept.append(SLEEP)
+    def tick(_ctx, tokens, *_):
+        now[0] += STEP
+        calls.append(len(tokens))
 
     with Generator(tiny_models["target"], spec_type="ngram-simple", parallel=2, threads=1, temperature=0,
                    max_tokens=16, chat=False, tuned=False) as g:
-        g.pipeline.ctx.add_decode_listener(slow)
+        g.pipeline.ctx.add_decode_listener(tick)
         config = g.pipeline.config(max_tokens=16, sampling=g.sampling)
         jobs = [(p, g.tokenize(p), config) for p in ("the cat sat on the mat", "once upon a time there was")]
         results = [gen for _, gen in g.pipeline.engine.generate_many(jobs, parallel=2)]
         ctl = g.pipeline.engine.last_controllers["ngram-simple"]
     assert [len(r.tokens) for r in results] == [16, 16]
     verify = sum(r.stats.verify_seconds for r in results)
-    # the listener's sleeps (prompts' included) bound the batch time; the rest is tiny-model noise
-    assert SLEEP * len(slept) / 2 < verify < 1.4 * SLEEP * len(slept), (verify, len(slept))
-    # the cost model's one-token step: one segment's sleep each, not both
-    assert ctl.cost.decode_seconds < 1.5 * SLEEP, ctl.cost.decode_seconds
+    prompts = 2   # one prompt decode per sequence (short prompts: one chunk each), outside any verify
+    assert len(calls) > prompts
+    # every verify batch's time is charged once in all, split between the sequences (not once each)
+    assert verify == pytest.approx(STEP * (len(calls) - prompts)), (verify, calls)
+    # the cost model's one-token step: one segment's share each, not both segments' time
+    assert ctl.cost.decode_seconds < 1.5 * STEP, ctl.cost.decode_seconds

@@ -209,10 +209,3 @@ def test_a_context_smaller_than_llama_cpp_pads_it_to_does_not_abort(tiny_models)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "GGML_ASSERT" not in p.stderr and "Traceback" not in p.stderr
     CASES["run"] += 1
-
-
-def test_case_counts():
-    """Printed for the closing note of issue 13 (run with -s to see it)."""
-    print("\nflag cases per command:", dict(CASES), "total", sum(CASES.values()))
-    if len(CASES) >= 4:  # the whole module ran
-        assert min(CASES[c] for c in ("run", "batch", "bench", "tune")) >= 5

@@ -1,8 +1,8 @@
 """Property-based tests of the GGUF header readers (gguf/header.py and gguf/peek.py's light reader).
 
 Random truncations, byte flips and splices of a valid header, and random headers built from the
-GGUF grammar: each must parse or raise ModelFileError (never another exception), within a time
-and a memory bound. Deterministic (derandomize) and a fixed number of examples, for CI.
+GGUF grammar: each must parse or raise ModelFileError (never another exception), within a memory
+bound (and a hang guard: speed belongs to benchmarks). Deterministic (derandomize) and a fixed number of examples, for CI.
 """
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ from pathlib import Path
 
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from llamaspec.errors import ModelFileError  # noqa: E402
-from llamaspec.gguf import peek  # noqa: E402
-from llamaspec.gguf.header import read_header  # noqa: E402
-from llamaspec.testing.corrupt_gguf import gstr, parse, value_raw  # noqa: E402
+from llamaspec.errors import ModelFileError
+from llamaspec.gguf import peek
+from llamaspec.gguf.header import read_header
+from llamaspec.testing.corrupt_gguf import gstr, parse, value_raw
 
-TIME_BOUND = 1.0               # seconds per example
+HANG_GUARD_S = 30              # a hang guard per example, not a speed bound
 MEMORY_BOUND = 64 << 20        # tracemalloc peak per example
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -64,7 +63,7 @@ def _bounded(data: bytes, tmp: Path | None = None, claimed_size: int | None = No
     finally:
         tracemalloc.stop()
     elapsed = time.perf_counter() - t0
-    assert elapsed < TIME_BOUND, f"{elapsed:.2f} s"
+    assert elapsed < HANG_GUARD_S, f"{elapsed:.2f} s: a reader looping on a malformed header?"
     assert peak < MEMORY_BOUND, f"peak {peak / 2**20:.0f} MiB"
     return outcome
 

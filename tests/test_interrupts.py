@@ -254,10 +254,6 @@ def test_pull_keeps_the_partial_download_and_resumes(hub, hub_home, tiny_models,
     CASES["pull"] += 1
 
 
-def test_case_counts():
-    print("\ninterrupt cases per command:", dict(CASES), "total", sum(CASES.values()))
-
-
 LOST_RAISE = """
 import signal, sys
 from llamaspec.cli import _errors, main

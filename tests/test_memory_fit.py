@@ -135,7 +135,3 @@ def test_batch_bench_and_tune_refuse_before_loading(tiny_models, tmp_path):
     CASES["batch"] += 1
     CASES["bench"] += 2
     CASES["tune"] += 1
-
-
-def test_case_counts():
-    print("\nmemory cases per command:", dict(CASES), "total", sum(CASES.values()))

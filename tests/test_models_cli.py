@@ -21,6 +21,8 @@ from llamaspec.hub.download import human_size
 from llamaspec.gguf.vocab import vocab_from_header
 
 
+HANG_GUARD_S = 60   # a hang guard, not a speed bound: speed belongs to benchmarks
+
 def file_bytes(server, name: str) -> int:
     return sum(r.sent for r in server.matching("GET") if name in r.path and not r.path.startswith("/api/"))
 
@@ -45,7 +47,6 @@ def test_pull_prints_the_cached_path_and_a_second_pull_makes_no_get(hub, hub_hom
 
 
 def test_check_decides_from_headers_alone(hub, hub_home, run_cli_subprocess, tiny_models):
-    pytest.importorskip("llamaspec.cli.pair")
     r = run_cli_subprocess("check", "org/main:Q8_0", "org/draft:Q4_K_M", "--json", env=hub_home)
     assert r.exit_code == 0, r.stderr
     assert r.json()["compatible"] is True
@@ -68,11 +69,10 @@ def test_stopped_server_gives_a_clear_error_fast(hub, hub_home, run_cli_subproce
     assert r.exit_code == 1
     assert r.stderr.startswith(f"error: cannot reach the Hugging Face Hub at {hub.url}")
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    assert elapsed < 5, elapsed  # process start included; the request itself fails at once
+    assert elapsed < HANG_GUARD_S, elapsed  # no retrying for minutes on a dead network
 
 
 def test_inspect_reads_a_hub_header(hub, hub_home, run_cli_subprocess):
-    pytest.importorskip("llamaspec.cli.inspect")
     r = run_cli_subprocess("inspect", "org/big", "--json", env=hub_home)
     assert r.exit_code == 0, r.stderr
     assert r.json()["vocab"]["size"] == 150_000
@@ -84,7 +84,6 @@ def test_inspect_reads_a_hub_header(hub, hub_home, run_cli_subprocess):
 
 
 def test_run_accepts_hub_refs(hub, hub_home, run_cli_subprocess):
-    pytest.importorskip("llama_cpp")
     args = ("run", "org/main:Q8_0", "--draft", "org/draft:Q4_K_M", "-p", "The quick brown", "-n", "8",
             "--temp", "0", "--json")
     r = run_cli_subprocess(*args, env=hub_home)
@@ -165,7 +164,6 @@ def test_pull_explicit_draft(hub, hub_home, run_cli):
 
 
 def test_pull_draft_auto_pulls_the_registry_draft(hub, hub_home, run_cli_subprocess, tiny_models, tmp_path):
-    pytest.importorskip("llamaspec.pairing.autodraft")
     fp = vocab_from_header(read_file(tiny_models["target"])).fingerprint
     pairings = tmp_path / "pairings"
     pairings.mkdir()

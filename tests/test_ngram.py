@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import doctest
 import random
-import time
 
 import numpy as np
 import pytest
@@ -368,29 +367,3 @@ def test_pool_is_shared_by_sequences():
     d.begin(0, [1, 2, 3, 4, 5])
     d.begin(1, [9, 9])
     assert d.propose(1, [9, 9, 1, 2], 8).tokens == [3, 4, 5]
-
-
-# -- cost per call ---------------------------------------------------------------------------
-
-def _bench(drafter, history, prompt_len, n_max, reps=300):
-    drafter.begin(0, history[:prompt_len])
-    h = history[:prompt_len + 1]
-    drafter.propose(0, h, n_max)  # first call indexes what begin() did not
-    times = []
-    for i in range(reps):
-        h = history[:prompt_len + 2 + i]
-        t0 = time.perf_counter()
-        drafter.propose(0, h, n_max)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
-def test_propose_is_cheap_on_long_histories():
-    rng = random.Random(0)
-    block = [rng.randrange(49152) for _ in range(300)]
-    history = []
-    while len(history) < 2400:  # repetitive code-like text: lots of matches
-        history += block[: rng.randrange(50, 300)] + [rng.randrange(49152) for _ in range(20)]
-    for drafter in (NgramSimpleDrafter(), NgramModDrafter()):
-        med = _bench(drafter, history, 2000, 16)
-        assert med < 1e-3, f"{drafter.name}: {med * 1e6:.0f} us per propose"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -83,11 +82,8 @@ def test_check_real_pairs(run_cli, smollm2_q4, smollm2_f16, gemma_q4, gemma_f16)
     r = run_cli("check", smollm2_q4, gemma_q4)
     assert r.exit_code == 0
     assert "translated" in r.stdout and "vocab_type" in r.stdout and "incompatible" not in r.stdout
-    t = time.perf_counter()
     r = run_cli("check", gemma_f16, gemma_q4, "--json")
-    elapsed = time.perf_counter() - t
     assert r.exit_code == 0 and r.json()["target"]["n_vocab"] == 262144
-    assert elapsed < 1.0, f"check on two Gemma files took {elapsed:.2f} s"
 
 
 # ---- discovery ---------------------------------------------------------------------------------
@@ -220,9 +216,7 @@ def test_pair_on_smollm2_finds_its_sibling_and_the_registry(run_cli, smollm2_f16
     d = tmp_path / "models"
     _link(smollm2_q4, d / "SmolLM2-135M-Instruct.Q4_1.gguf")
     _link(gemma_q4, d / "gemma.gguf")
-    t = time.perf_counter()
     r = run_cli("pair", smollm2_f16, "--search", d, "--json")
-    elapsed = time.perf_counter() - t
     assert r.exit_code == 0, r.stderr
     rep = r.json()
     assert [c["label"] for c in rep["on_disk"]] == [str(d / "SmolLM2-135M-Instruct.Q4_1.gguf")]
@@ -235,7 +229,6 @@ def test_pair_on_smollm2_finds_its_sibling_and_the_registry(run_cli, smollm2_f16
     assert statuses[("smollm2-1.7b-instruct", "smollm2-135m-instruct")] == "unverified"
     assert rep["auto"]["kind"] == "draft-simple" and rep["auto"]["source"] == "disk"
     assert Path(rep["auto"]["path"]).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert elapsed < 1.0, f"pair took {elapsed:.2f} s"
 
     r = run_cli("pair", smollm2_f16, "--search", d)
     assert "registry pairs" in r.stdout and "unsloth/SmolLM2-135M-Instruct-GGUF:Q8_0" in r.stdout

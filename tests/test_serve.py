@@ -17,12 +17,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import openai
 import pytest
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
-pytest.importorskip("sse_starlette")
+from child_process import default_signals
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -65,7 +63,8 @@ class Server:
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "llamaspec", "serve", str(model), "--port", str(self.port), "-t", "1",
-                 "-c", "1024", "--temp", "0", *args], stdout=log, stderr=subprocess.STDOUT, env=full_env)
+                 "-c", "1024", "--temp", "0", *args], stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                preexec_fn=default_signals)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

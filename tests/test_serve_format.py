@@ -9,14 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import openai
 import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from llamaspec import openai_format as fmt
 from llamaspec.generator import Request, Result
-
-openai = pytest.importorskip("openai")
-from openai.types import Completion  # noqa: E402
-from openai.types.chat import ChatCompletion, ChatCompletionChunk  # noqa: E402
 
 IDS = dict(id="chatcmpl-1", model="m.gguf", created=1_700_000_000)
 
