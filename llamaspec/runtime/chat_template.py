@@ -5,7 +5,8 @@ ImmutableSandboxedEnvironment, as llama-cpp-python's Jinja2ChatFormatter and tra
 tightened: an unsafe attribute (`__class__`, `__globals__`, `mro`...) is an error at once, not a
 silent empty string; operators, calls, filters and `~` that would build a huge string or list (a
 memory bomb) are refused before or right after they run; rendering stops after TIME_LIMIT seconds
-(in the main thread). The globals are those HF / llama.cpp templates expect: messages,
+in any thread (a server renders in worker threads, where SIGALRM cannot reach), and its output is
+bounded like any value. The globals are those HF / llama.cpp templates expect: messages,
 add_generation_prompt, bos_token, eos_token, raise_exception, strftime_now, tools=None...
 
 Every failure is one ChatTemplateError line naming the model file (exit code 1; `--raw` skips the
@@ -17,8 +18,7 @@ from __future__ import annotations
 
 import json
 import operator
-import signal
-import threading
+import time
 from datetime import datetime
 from typing import Any
 
@@ -64,9 +64,35 @@ def _env_class():
             self.write("))")
 
     class Env(ImmutableSandboxedEnvironment):
+        """The time limit is cooperative: `tick` runs at every loop iteration, output piece, call,
+        filter, operator and `~`, so no template code runs long without passing one (a signal
+        would be no stronger: Python runs its handlers between bytecodes too, never inside one
+        C-level call, and those are bounded by the size checks). Unlike SIGALRM it works in any
+        thread and a timed-out render ends itself: no thread is left spinning, nothing to kill."""
+
         code_generator_class = Codegen
         intercepted_binops = frozenset(_OPS)
         max_len = MIN_MAX_LEN
+        deadline = float("inf")   # time.monotonic() past which rendering stops
+
+        def tick(self):
+            if time.monotonic() > self.deadline:
+                raise _TimedOut()
+
+        def _parse(self, source, name, filename):
+            # every `for` iterates through `ticking`: nested loops with no output and no call
+            # (`{% for i in x %}{% for j in x %}{% endfor %}{% endfor %}`) pass a check per item
+            from jinja2 import nodes
+
+            tree = super()._parse(source, name, filename)
+            for loop in tree.find_all(nodes.For):
+                loop.iter = nodes.Filter(loop.iter, "_ticking", [], [], None, None, lineno=loop.lineno)
+            return tree
+
+        def ticking(self, iterable):
+            for item in iterable:
+                self.tick()
+                yield item
 
         def unsafe_undefined(self, obj, attribute):
             raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object")
@@ -84,6 +110,7 @@ def _env_class():
                     raise SecurityError(f"a call with the argument {a} (limit {MAX_INT_ARG:,})")
 
         def call_binop(self, context, op, left, right):
+            self.tick()
             if op == "**" and isinstance(right, (int, float)) and abs(right) > 64:
                 raise SecurityError(f"a power with exponent {right}")
             if op == "*":
@@ -106,10 +133,12 @@ def _env_class():
             return super().wrap_str_format(value)
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's signature
+            __self.tick()
             __self.check_args(args, kwargs)
             return __self.sized(super().call(__context, __obj, *args, **kwargs))
 
         def checked_concat(self, values):
+            self.tick()
             total = sum(len(v) if isinstance(v, str) else 0 for v in values)
             if total > self.max_len:
                 raise SecurityError(f"joining {total:,} characters (limit {self.max_len:,})")
@@ -123,6 +152,7 @@ def _guarded(env, fn):
     skip = 2 if hasattr(fn, "jinja_pass_arg") else 1  # the context/environment, then the filtered value
 
     def wrapper(*args, **kwargs):
+        env.tick()
         env.check_args(args[skip:], kwargs)
         return env.sized(fn(*args, **kwargs))
 
@@ -146,12 +176,14 @@ def _strftime_now(fmt: str) -> str:
 
 
 def render(template: str, messages: list[dict[str, Any]], *, source: str, bos_token: str = "",
-           eos_token: str = "", add_generation_prompt: bool = True, time_limit: float = TIME_LIMIT,
+           eos_token: str = "", add_generation_prompt: bool = True, time_limit: float | None = None,
            **extra: Any) -> str:
-    """The prompt `template` makes of `messages`, or a ChatTemplateError naming `source`."""
+    """The prompt `template` makes of `messages`, or a ChatTemplateError naming `source`.
+    time_limit: seconds (default TIME_LIMIT), counted from the start of compiling, in any thread."""
     import jinja2
     from jinja2.ext import loopcontrols
 
+    time_limit = TIME_LIMIT if time_limit is None else time_limit
     Env, IgnoreGeneration, SecurityError = _env_class()
     env = Env(loader=jinja2.BaseLoader(), trim_blocks=True, lstrip_blocks=True,
               extensions=[IgnoreGeneration, loopcontrols])
@@ -159,6 +191,8 @@ def render(template: str, messages: list[dict[str, Any]], *, source: str, bos_to
     env.filters["tojson"] = _tojson
     for name, fn in list(env.filters.items()):
         env.filters[name] = _guarded(env, fn)
+    env.filters["_ticking"] = env.ticking
+    env.deadline = time.monotonic() + time_limit
     where = f"{source}: its chat template"
     try:
         compiled = env.from_string(template)
@@ -173,8 +207,14 @@ def render(template: str, messages: list[dict[str, Any]], *, source: str, bos_to
                    strftime_now=_strftime_now, tools=None, functions=None, tool_choice=None, documents=None)
     context.update(extra)
     try:
-        with _deadline(time_limit):
-            return compiled.render(**context)
+        pieces, size = [], 0
+        for piece in compiled.generate(**context):
+            env.tick()
+            size += len(piece)
+            if size > env.max_len:
+                raise SecurityError(f"an output of over {env.max_len:,} characters")
+            pieces.append(piece)
+        return "".join(pieces)
     except SecurityError as exc:
         raise ChatTemplateError(f"{where} tried an unsafe operation ({_line(exc)})", RAW_HINT) from None
     except _Raised as exc:
@@ -191,29 +231,3 @@ def render(template: str, messages: list[dict[str, Any]], *, source: str, bos_to
 def _line(exc: BaseException) -> str:
     text = " ".join(str(getattr(exc, "message", None) or exc).split())
     return text[:200] + ("..." if len(text) > 200 else "")
-
-
-class _deadline:
-    """SIGALRM after `seconds` raises _TimedOut in the main thread (elsewhere: no limit)."""
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        self.armed = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
-
-    def __enter__(self):
-        if self.armed:
-            self.old = signal.signal(signal.SIGALRM, self._fire)
-            self.old_timer = signal.setitimer(signal.ITIMER_REAL, self.seconds)
-        return self
-
-    @staticmethod
-    def _fire(signum, frame):
-        raise _TimedOut()
-
-    def __exit__(self, *exc):
-        if self.armed:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self.old)
-            if self.old_timer[0]:
-                signal.setitimer(signal.ITIMER_REAL, *self.old_timer)
-        return False
