@@ -100,3 +100,22 @@ class GenerationInterrupted(KeyboardInterrupt):
     def __init__(self, result=None):
         super().__init__("generation interrupted")
         self.result = result
+
+
+# ---- how a range is said, once for every message (CLI flags, batch fields) ----------------------
+
+
+def bounds(low: float | None = None, high: float | None = None, *, open_low: bool = False) -> str:
+    """'>= low', '> low' (open_low), '<= high', or 'in [low, high]' / 'in (low, high]'."""
+    if high is None:
+        return f"{'>' if open_low else '>='} {low:g}"
+    if low is None:
+        return f"<= {high:g}"
+    return f"in {'(' if open_low else '['}{low:g}, {high:g}]"
+
+
+def must_be(name: str, low: float | None = None, high: float | None = None, *, open_low: bool = False,
+            got: object = None, note: str = "") -> str:
+    """'NAME must be <bounds>[ (note)][, got VALUE]'."""
+    text = f"{name} must be {bounds(low, high, open_low=open_low)}" + (f" ({note})" if note else "")
+    return text if got is None else f"{text}, got {got}"

@@ -22,7 +22,8 @@ class Resolved:
     draft_ref: str | None = None
     draft_path: Path | None = None
     draft_max: int | None = None         # set when an old-style `--draft N` meant a draft length
-    notes: list[str] = field(default_factory=list)   # one-liners for stderr
+    notes: list[str] = field(default_factory=list)   # one-liners for stderr: what runs
+    details: list[str] = field(default_factory=list)  # why, and where drafts were looked for (-v)
 
     @property
     def spec_label(self) -> str:
@@ -90,7 +91,10 @@ def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool =
         r.notes.append(f"the registry's draft {choice.label} is not on disk; `{pull}` downloads it")
         choice = text_fallback(choice.considered)
     label = "speculation" if local_only else "--draft auto"
-    r.notes.append(f"{label}: {choice.reason}" + ("; --spec-type none turns it off" if local_only else ""))
+    r.notes.append(f"{label}: {short_choice(choice, r.target_path)}"
+                   + ("; --spec-type none turns it off" if local_only else ""))
+    r.details.append(f"why: {choice.reason}")
+    r.details += [f"looked for drafts in {place}" for place in choice.searched]
     kinds = [choice.kind]                  # choice.kind is already llama.cpp's spec-type name
     if needs_draft_model(kinds) or choice.path is not None:   # a draft file, or an MTP assistant
         r.draft_path = choice.path
@@ -102,6 +106,20 @@ def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool =
     if TEXT_FALLBACK in kinds:   # answers repeat across requests: suffix drafts from earlier ones
         kinds.append(ACROSS_REQUESTS)
     r.spec_types = parse_spec_types(r.spec_types + kinds)
+
+
+def short_choice(choice, target_path: Path) -> str:
+    """What `--draft auto` chose, in a few words (its reason, the long form, is for -v)."""
+    from llamaspec.pairing.autodraft import TEXT_FALLBACK
+
+    if choice.kind == TEXT_FALLBACK:
+        return f"{TEXT_FALLBACK} drafting from the text itself (no draft model found; -v says where it looked)"
+    if choice.path is None:
+        return f"{choice.kind}: {choice.label or choice.reason}"
+    where = {"registry": " (the registry's draft)", "sidecar": " beside the target"}.get(choice.source, "")
+    if choice.source == "disk" and Path(choice.path).absolute().parent == Path(target_path).absolute().parent:
+        where = " beside the target"
+    return f"{choice.kind} with {Path(choice.path).name}{where}"
 
 
 def _measured_to_pay(target: Path, draft: str) -> bool:

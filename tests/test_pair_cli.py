@@ -221,7 +221,8 @@ def test_pair_on_smollm2_finds_its_sibling_and_the_registry(run_cli, smollm2_f16
     rep = r.json()
     assert [c["label"] for c in rep["on_disk"]] == [str(d / "SmolLM2-135M-Instruct.Q4_1.gguf")]
     assert rep["on_disk"][0]["compatible"] is True
-    assert rep["scanned"] == {**rep["scanned"], "files": 2, "compared": 1, "compatible": 1}  # gemma prefiltered
+    # gemma prefiltered; the third file is the target itself, found in its own folder
+    assert rep["scanned"] == {**rep["scanned"], "files": 3, "compared": 1, "compatible": 1}
     assert rep["registry"]["families"] == [{"family": "smollm2", "basis": "fingerprint",
                                             "file": rep["registry"]["families"][0]["file"]}]
     statuses = {(p["main"]["id"], p["draft"]["id"]): p["status"] for p in rep["registry"]["pairs"]}

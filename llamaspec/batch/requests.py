@@ -40,6 +40,7 @@ from typing import IO, Any, Iterable
 
 from llamaspec import openai_format as oa
 from llamaspec.errors import InputError
+from llamaspec.errors import must_be
 from llamaspec.openai_format import jtype
 
 __all__ = ["Request", "LineError", "parse_requests", "read_input", "CHAT", "COMPLETIONS"]
@@ -111,7 +112,7 @@ def _int(d: dict, key: str, lo: int | None = None) -> int | None:
     if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
         raise _Bad(f"{key} must be an integer, got {jtype(v)}", key)
     if v is not None and lo is not None and v < lo:
-        raise _Bad(f"{key} must be at least {lo}, got {v}", key)
+        raise _Bad(must_be(key, lo, got=v), key)
     return v
 
 
@@ -125,8 +126,7 @@ def _num(d: dict, key: str, hi: float | None = None, open_low: bool = True) -> f
         raise _Bad(f"{key} must be a number, got {jtype(v)}", key)
     low_ok = 0 < v if open_low else 0 <= v
     if v < 0 or (hi is not None and not (low_ok and v <= hi)):
-        where = ">= 0" if hi is None else f"{'(' if open_low else '['}0, {hi:g}]"
-        raise _Bad(f"{key} must be in {where}, got {v}", key)
+        raise _Bad(must_be(key, 0, hi, open_low=open_low and hi is not None, got=v), key)
     return float(v)
 
 
@@ -160,7 +160,7 @@ def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
 def _positive(d: dict, key: str) -> float | None:
     v = _num(d, key)
     if v is not None and v <= 0:
-        raise _Bad(f"{key} must be > 0 (1 is off), got {d[key]}", key)
+        raise _Bad(must_be(key, 0, open_low=True, note="1 is off", got=d[key]), key)
     return v
 
 
@@ -172,7 +172,7 @@ def _penalty(d: dict, key: str) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _Bad(f"{key} must be a number, got {jtype(v)}", key)
     if not -2 <= v <= 2:
-        raise _Bad(f"{key} must be in [-2, 2], got {v}", key)
+        raise _Bad(must_be(key, -2, 2, got=v), key)
     return float(v)
 
 

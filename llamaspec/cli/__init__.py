@@ -35,6 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     restore = install_signal_handlers()   # SIGTERM like Ctrl-C: partial results kept, exit 143
     try:
         try:
+            import typer
+
+            from llamaspec.cli._argv import normalize   # -m MODEL; --debug after the command
+
+            args = normalize(args, typer.main.get_command(app))
             # Not standalone: the parser's usage errors come back as exceptions, so they get the same
             # one-line treatment as every other error instead of a multi-line panel.
             rv = app(args=args, prog_name="llamaspec", standalone_mode=False)

@@ -31,8 +31,11 @@ def mode_notes(result: "BenchResult") -> list[str]:
         if m.identical_to_plain is False:
             notes.append(differ_note(m))
         if m.drafted == 0:
-            notes.append(f"{m.mode}: no drafts (nothing to draft from in this text); it did plain "
-                         "decoding's work, so its ratio is timing noise around 1x, not a speedup")
+            from llamaspec.cli._report import PAUSED
+
+            why = PAUSED if m.draft else "no drafts (nothing to draft from in this text)"   # a model always has a draft
+            notes.append(f"{m.mode}: {why}; it did plain decoding's work, so its ratio is timing noise "
+                         "around 1x, not a speedup")
         elif m.accepted == 0:
             notes.append(f"{m.mode}: no draft token was accepted; its ratio is the cost of drafting")
     return notes

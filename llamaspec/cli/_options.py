@@ -28,6 +28,7 @@ import typer
 
 from llamaspec.cli import _output as output
 from llamaspec.errors import InputError, UsageError
+from llamaspec.errors import must_be
 from llamaspec.runtime.cpu import AMX_HELP
 from llamaspec.speculative.options import MAX_DRAFT, NgramParams  # (no llama_cpp import)
 
@@ -38,7 +39,7 @@ from llamaspec.speculative.options import MAX_DRAFT, NgramParams  # (no llama_cp
 def at_least(flag: str, minimum: int, hint: str | None = None) -> Callable[[Any], Any]:
     def check(value):
         if value is not None and value < minimum:
-            raise UsageError(f"{flag} must be >= {minimum}", hint)
+            raise UsageError(must_be(flag, minimum), hint)
         return value
 
     return check
@@ -49,7 +50,7 @@ def in_range(flag: str, low: int, high: int, *, open_low: bool = False) -> Calla
 
     def check(value):
         if value is not None and not (low < value <= high if open_low else low <= value <= high):
-            raise UsageError(f"{flag} must be in {'(' if open_low else '['}{low}, {high}]")
+            raise UsageError(must_be(flag, low, high, open_low=open_low))
         return value
 
     return check

@@ -1,4 +1,5 @@
-"""The Typer application and its root options (--version, --debug); shared flags are in _options.py."""
+"""The Typer application and its root options (--version, --debug, --log-verbose, --log-file; cli/_argv.py
+lets them follow the command too); shared flags are in _options.py."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def _root(
         Optional[bool],
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit."),
     ] = None,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for every error.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for every error (also after the command).")] = False,
+    log_verbose: Annotated[bool, typer.Option(
+        "--log-verbose", help="Print llama.cpp's own log to stderr (-v is llamaspec's detail only).")] = False,
+    log_file: Annotated[Optional[str], typer.Option(
+        "--log-file", metavar="FILE", help="Append llama.cpp's own log to FILE.")] = None,
 ) -> None:
     """llamaspec: speculative decoding for GGUF models, token for token identical to plain decoding."""
+    from llamaspec.runtime import llama_log
+
+    llama_log.route(to_stderr=log_verbose, file=log_file)

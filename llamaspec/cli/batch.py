@@ -83,7 +83,7 @@ def batch(
 
         ray_owned = connect(ray_address)   # a dead address: one line, before OUTPUT or its lock exist
     with io.OutputLock(output_path):
-        set_llama_log(out.verbose)
+        set_llama_log()
         opts = replace(gen, ngram=ngram, parallel=parallel)
         with _engine(model, opts, ray_address, ray_workers, ray_owned) as (g, ident):
             for note in ident["notes"]:

@@ -115,7 +115,7 @@ def bench(
     for d in drafts_given:
         check_draft_exists(d)
     modes = _modes(spec_type, drafts_given)       # flags first: no download before a usage error
-    set_llama_log(out.verbose)
+    set_llama_log()
     drafts = [(ref, hub.resolve_model(ref, offline=offline)) for ref in drafts_given]
     if drafts and not any(needs_draft_model(m) for m in modes):
         out.warn("--draft is given but no mode uses it; add --spec-type draft")

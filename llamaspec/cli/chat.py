@@ -55,7 +55,7 @@ def open_chat(model: str | None, options: GenerationOptions, out: Output, color:
     from llamaspec.generator import Generator
     from llamaspec.runtime.llama import set_llama_log
 
-    set_llama_log(out.verbose)
+    set_llama_log()
     with Generator.from_options(model, options) as g:
         for note in g.notes:
             out.info(note)

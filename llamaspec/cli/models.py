@@ -1,7 +1,11 @@
-"""`llamaspec pull REF` and `llamaspec models`: Hub downloads into the HF cache, and what is in it."""
+"""`llamaspec pull REF` and `llamaspec models`: Hub downloads into the HF cache, and the GGUF models
+`pair` and `--draft auto` would find (discovery.places: the Hugging Face cache, LM Studio, Ollama,
+$LLAMASPEC_MODELS_PATH, --search, and a model's own folder with --near)."""
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -86,27 +90,66 @@ def _pull_draft(draft: str, target, *, offline: bool, update: bool, out) -> dict
 
 @app.command("models")
 @output_flags
-def models_cmd(*, out: Output) -> None:
-    """List the GGUF models in the Hugging Face cache: size, architecture, vocabulary fingerprint."""
+def models_cmd(
+    search: Annotated[Optional[list[str]], typer.Option(
+        "--search", "-s", metavar="DIR", help="Also list the GGUFs under this directory (repeatable).")] = None,
+    near: Annotated[Optional[str], typer.Option(
+        "--near", metavar="MODEL", help="Also list the GGUFs beside this model file (as `pair MODEL` looks).")] = None,
+    *,
+    out: Output,
+) -> None:
+    """List the GGUF models `pair` and `--draft auto` would find: the Hugging Face cache, LM Studio,
+    Ollama, $LLAMASPEC_MODELS_PATH (colon-separated) and --search; size, architecture, vocabulary."""
     from llamaspec import hub
+    from llamaspec.pairing import autodraft, discovery
 
     root = hub.cache_dir()
-    rows = [_describe(e) for e in hub.list_cached_ggufs(root)]
-    data = {"cache_dir": str(root), "models": rows}
+    roots = discovery.places(near, search or ())
+    cut: list = []
+    rows = [_describe(e) for e in hub.list_cached_ggufs(root)]   # the HF cache by repo and revision
+    cached = {os.path.realpath(r["path"]) for r in rows}
+    others = [r for r in roots if r.kind != "hf-cache"]
+    deadline = time.monotonic() + discovery.SCAN_SECONDS
+    for found in discovery.iter_models(others, deadline=deadline, cut=cut):
+        if os.path.realpath(found.path) not in cached:
+            rows.append(_describe_found(found))
+    places = autodraft.searched_places(roots, cut)
+    data = {"cache_dir": str(root), "places": list(places), "models": rows}
+    for place in places:
+        out.detail(f"looked in {place}")
     if not rows:
-        out.info(f"no GGUF models in the Hugging Face cache ({root}); `llamaspec pull org/repo:QUANT` adds one")
+        rest = [p for r, p in zip(roots, places) if r.kind != "hf-cache"]
+        also = f" or {'; '.join(rest)}" if rest else ""
+        out.info(f"no GGUF models in the Hugging Face cache ({root}){also}; `llamaspec pull org/repo:QUANT` "
+                 f"adds one, {discovery.MODELS_PATH_ENV}=DIR:DIR adds folders")
     out.data(data, human=lambda c: _render(rows, c), quiet="\n".join(r["ref"] for r in rows))
 
 
+def _describe_found(found) -> dict:
+    """A row for a GGUF outside the HF cache (LM Studio, Ollama, a folder)."""
+    try:
+        size = found.path.stat().st_size
+    except OSError:
+        size = None
+    row = {"ref": found.label, "repo": None, "file": found.path.name, "commit": None, "refs": [],
+           "path": str(found.path), "size": size, "parts": 1, "where": found.kind}
+    return _header_facts(row, found.path)
+
+
 def _describe(entry) -> dict:
+    row = {"ref": entry.ref, "repo": entry.repo_id, "file": entry.file, "commit": entry.commit,
+           "refs": list(entry.refs), "path": str(entry.path), "size": entry.size, "parts": entry.parts,
+           "where": "hf-cache"}
+    return _header_facts(row, entry.path)
+
+
+def _header_facts(row: dict, path) -> dict:
     from llamaspec.errors import LlamaspecError
     from llamaspec.gguf.header import read_file
     from llamaspec.gguf.vocab import vocab_from_header
 
-    row = {"ref": entry.ref, "repo": entry.repo_id, "file": entry.file, "commit": entry.commit,
-           "refs": list(entry.refs), "path": str(entry.path), "size": entry.size, "parts": entry.parts}
     try:
-        header = read_file(entry.path)
+        header = read_file(path)
     except LlamaspecError as exc:
         return {**row, "error": exc.message}
     vocab = vocab_from_header(header)
@@ -121,14 +164,14 @@ def _render(rows: list[dict], console) -> None:
     from rich.table import Table
 
     t = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("model", "size", "arch", "type", "vocab", "fingerprint"):
+    for col in ("model", "where", "size", "arch", "type", "vocab", "fingerprint"):
         t.add_column(col, overflow="fold", justify="right" if col == "size" else "left")
     for r in rows:
         if "error" in r:
-            t.add_row(r["ref"], _size(r["size"]), "[red]unreadable[/red]", "", r["error"], "")
+            t.add_row(r["ref"], r["where"], _size(r["size"]), "[red]unreadable[/red]", "", r["error"], "")
             continue
         parts = f" ({r['parts']} parts)" if r["parts"] > 1 else ""
-        t.add_row(r["ref"], _size(r["size"]) + parts, r["architecture"], r["file_type"] or "?",
+        t.add_row(r["ref"], r["where"], _size(r["size"]) + parts, r["architecture"], r["file_type"] or "?",
                   f"{r['vocab_type']} {r['n_vocab']:,}", r["vocab_fingerprint"])
     if not console.is_terminal:
         # A pipe or file gets whole lines (like `ls -l`) instead of a table folded to 80 columns.

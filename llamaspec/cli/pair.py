@@ -118,8 +118,10 @@ def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: b
 
     header = hub.read_model_header(model, offline=offline)
     vocab = vocab_from_header(header)
-    roots = (discovery.default_roots() if default_dirs else []) + discovery.search_roots(search)
-    candidates = discovery.scan(header, roots, target_vocab=vocab)
+    roots = discovery.places(header.source, search, default_dirs=default_dirs)
+    cut: list[discovery.Root] = []
+    candidates = discovery.scan(header, roots, target_vocab=vocab, cut=cut)
+    searched = autodraft.searched_places(roots, cut)
     from llamaspec.pairing.translated_pairs import add_translated, kind_of
 
     translated = add_translated(header, candidates, vocab)   # another vocabulary: drafts through text
@@ -146,7 +148,7 @@ def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: b
     if describe(header, vocab)["draft_info"]:   # MODEL is a draft made for a target: which targets fit it
         made_for = _targets_for_draft(header, candidates)
     auto = autodraft.choose_for_header(header, candidates=candidates, offline=offline, allow_download=not offline,
-                                       dry_run=True)
+                                       dry_run=True, searched=searched)
     sidecar = autodraft.find_mtp_sidecar(Path(header.source)) if Path(header.source).is_file() else None
     compared = [c for c in candidates if c.verdict is not None]
     shown = candidates if show_all else compared  # compared = passed the cheap type/size prefilter
@@ -158,7 +160,8 @@ def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: b
         "registry": reg_data,
         "on_disk": [{**c.to_dict(), "kind": kind_of(c)} for c in sorted(
             shown, key=lambda c: (_KIND_ORDER.index(kind_of(c)), c.size))],
-        "scanned": {"roots": [{"path": str(r.path), "kind": r.kind} for r in roots], "files": len(candidates),
+        "scanned": {"roots": [{"path": str(r.path), "kind": r.kind, "cut": r in cut} for r in roots],
+                    "places": list(searched), "files": len(candidates),
                     "compared": len(compared), "compatible": sum(c.compatible for c in candidates),
                     "translated": len(translated)},
         "auto": auto.to_dict(),
@@ -186,6 +189,15 @@ def _targets_for_draft(draft, candidates) -> list[dict]:
             continue
         out.append({"path": str(c.path), "label": c.label, "fits": v.compatible, "reason": v.reason})
     return sorted(out, key=lambda t: not t["fits"])
+
+
+def _not_here(draft: dict, target: dict) -> str:
+    """Why a registry pair's draft is not suggested for this target: the registry compares
+    parameter counts, and a quant of the same model has as many (a smaller file on disk is found
+    by its size, under `on disk`)."""
+    dp = _params(draft["params_b"] * 1e9) if draft.get("params_b") else "?"
+    return (f"not for this target: {dp} params vs its {_params(target.get('n_params'))} "
+            "(a smaller quant of this model on disk is judged by file size instead)")
 
 
 def _render_pair(r: dict, console) -> None:
@@ -220,19 +232,20 @@ def _render_pair(r: dict, console) -> None:
         console.print("[bold]registry pairs[/bold] [dim](draft for main: status)[/dim]")
         for p in reg["pairs"]:
             notes = []
+            draft, main = p["draft"].get("ref") or p["draft"]["id"], p["main"].get("ref") or p["main"]["id"]
             if p["recommended"]:
-                notes.append("recommended")
+                notes.append("recommended for that target")
             if not p["draft_smaller_than_target"]:
-                notes.append("not smaller than this target")
+                notes.append(_not_here(p["draft"], r["target"]))
             if p["note"]:
                 notes.append(p["note"])
             status = {"verified": "[green]verified[/green]", "incompatible": "[red]incompatible[/red]"}.get(
                 p["status"], "[yellow]unverified[/yellow]")
-            draft, main = p["draft"].get("ref") or p["draft"]["id"], p["main"].get("ref") or p["main"]["id"]
             size = f" ({_params(p['draft']['params_b'] * 1e9)})" if p["draft"].get("params_b") else ""
             tail = f"  [dim]{escape('; '.join(notes))}[/dim]" if notes else ""
             console.print(f"  {escape(draft)}{size} for {escape(main)}: {status}{tail}")
     s = r["scanned"]
+    console.print(f"[dim]searched: {escape('; '.join(s['places']) or 'nowhere (--no-default-dirs, no --search)')}[/dim]")
     if r["on_disk"]:
         t = Table(title=f"on disk ({s['files']} GGUF files found, {s['compared']} compared, "
                         f"{s['compatible']} token-exact, {s['translated']} translated)", title_justify="left")

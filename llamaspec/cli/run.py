@@ -30,9 +30,10 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
         return prompt
     if file is not None:
         return read_prompt_file(file)
-    if not sys.stdin.isatty():
-        return sys.stdin.read()
-    raise UsageError("no prompt", "give one with -p TEXT, -f FILE, or on stdin")
+    text = "" if sys.stdin.isatty() else sys.stdin.read()
+    if not text:   # an empty pipe (`printf '' | llamaspec run M`) is no prompt, not an empty one
+        raise UsageError("no prompt: give -p, -f, or text on stdin")
+    return text
 
 
 @app.command()
@@ -61,11 +62,13 @@ def run(
     from llamaspec.generator import GenerationInterrupted, Generator
     from llamaspec.runtime.llama import set_llama_log
 
-    set_llama_log(out.verbose)
+    set_llama_log()
     with Generator.from_options(model, replace(gen, ngram=ngram)) as g:
-        for note in g.notes:
-            out.info(note)
         r = g.resolved
+        for note in first_lines(g.notes, g.tuned, r.spec_label):
+            out.info(note)
+        for line in r.details:
+            out.detail(line)
         if warning := draft_size_warning(r.target_path, r.draft_path):
             out.warn(warning)
         out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")
@@ -96,6 +99,21 @@ def run(
     # callbacks) still ends the command as interrupted: never exit 0 after a SIGTERM.
     if result.stop_reason == "interrupted" or signal_received():
         raise typer.Exit(interrupted_exit_code())   # 130 (Ctrl-C) or 143 (SIGTERM)
+
+
+def first_lines(notes: list[str], tuned: dict | None, spec_label: str) -> list[str]:
+    """The lines `run` starts with: what runs and why, once. A stored `tune` configuration that
+    applies replaces resolution's line (which said what would have run without it)."""
+    from llamaspec.tune.apply import tuned_summary
+
+    if not tuned or tuned.get("reason") or not tuned.get("applied"):
+        return notes + ([f"speculation: {tuned_summary(tuned)}"] if tuned else [])
+    ratio = f", measured {tuned['ratio']:.2f}x plain decoding" if tuned.get("ratio") else ""
+    line = (f"speculation: {spec_label}, as `llamaspec tune` chose on {str(tuned.get('created', ''))[:10]} "
+            f"({tuned.get('settings', '')}{ratio})")
+    if tuned.get("overridden"):
+        line += f"; your flags kept {', '.join(tuned['overridden'])}"
+    return [line] + [n for n in notes if not n.startswith(("speculation:", "--draft auto:"))]
 
 
 def check_prompt_fits(n_prompt: int, n_ctx: int, given: int | None) -> None:

@@ -100,7 +100,7 @@ def serve(
     if not loopback and key is None:
         out.warn(f"--host {host} is reachable from other machines and no --api-key is set: anyone who can reach "
                  f"port {port} can use the model")
-    set_llama_log(out.verbose)
+    set_llama_log()
     try:
         with Generator.from_options(model, replace(gen, ngram=ngram, parallel=parallel)) as g:
             for note in g.notes:

@@ -101,7 +101,7 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
 
     if prompts is not None:
         read_prompts(prompts)  # a broken file is a usage error before any model is loaded
-    set_llama_log(out.verbose)
+    set_llama_log()
     target_path = hub.resolve_model(model, offline=offline)
     draft_path = None
     if draft is not None:

@@ -9,7 +9,9 @@ Order (first that applies wins; each choice is named by llama.cpp's spec type):
                    the target layers it reads; compat.draft_fit_rules), beside the target or on
                    disk, in llama.cpp's preference order (DSpark, DFlash, EAGLE-3);
   2. draft-simple  a compatible GGUF already on disk, clearly smaller than the target: same
-                   architecture family first, very-low-bit quants last, then the smallest file;
+                   architecture family first, very-low-bit quants last, then the smallest file
+                   (discovery.places: the target's folder, $LLAMASPEC_MODELS_PATH, --search, the
+                   Hugging Face cache, LM Studio, Ollama);
   3. draft-simple  the registry's recommended draft for the target's family, checked on its Hub
                    header and downloaded through hub.resolve_model (never when offline); an entry
                    with a `kind` (a registry EAGLE-3 draft) is chosen as that kind; pairs marked
@@ -54,11 +56,12 @@ class DraftChoice:
     label: str | None = None         # how people name the draft (repo:quant, file, Ollama name)
     considered: tuple[str, ...] = ()  # what each earlier step found, for -v and `pair`
     would_download: bool = False     # dry run: the registry draft that would be downloaded (path None)
+    searched: tuple[str, ...] = ()   # the places looked in for a draft on disk (Root.describe)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "path": str(self.path) if self.path else None, "label": self.label,
                 "source": self.source, "reason": self.reason, "would_download": self.would_download,
-                "considered": list(self.considered),
+                "considered": list(self.considered), "searched": list(self.searched),
                 "verdict": self.verdict.to_dict() if self.verdict else None}
 
 
@@ -305,12 +308,20 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
 # ---- the whole chain ---------------------------------------------------------------------------
 
 
+def searched_places(roots: Sequence[discovery.Root], cut: Sequence[discovery.Root] = ()) -> tuple[str, ...]:
+    """One phrase per place looked in, for -v and `pair`; a place the time limit cut short says so."""
+    stopped = set(cut)
+    return tuple(r.describe() + (f" (stopped: the scan's {discovery.SCAN_SECONDS:g} s limit)" if r in stopped else "")
+                 for r in roots)
+
+
 def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Candidate] | None = None,
                       search_dirs: Iterable[str | os.PathLike[str]] = (), default_dirs: bool = True,
                       offline: bool = False, allow_download: bool = True, dry_run: bool = False,
-                      mtp_sidecars: bool = False, pays=None) -> DraftChoice:
-    """`choose_draft` for an already-read target header (and optionally an already-done disk scan).
-    pays(path): does a measurement say that translated draft beats plain decoding (step 3b)?"""
+                      mtp_sidecars: bool = False, pays=None, searched: Sequence[str] = ()) -> DraftChoice:
+    """`choose_draft` for an already-read target header (and optionally an already-done disk scan,
+    with `searched`, the places it looked in). pays(path): does a measurement say that translated
+    draft beats plain decoding (step 3b)?"""
     notes: list[str] = []
     choice = mtp_choice(header, sidecars=mtp_sidecars, notes=notes)
     if choice is not None:
@@ -318,33 +329,36 @@ def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Cand
     notes.insert(0, "no MTP heads in the target")
     vocab = vocab_from_header(header)
     if candidates is None:
-        roots = (discovery.default_roots() if default_dirs else []) + discovery.search_roots(search_dirs)
-        candidates = discovery.scan(header, roots, target_vocab=vocab)
+        roots = discovery.places(header.source, search_dirs, default_dirs=default_dirs)
+        cut: list[discovery.Root] = []
+        candidates = discovery.scan(header, roots, target_vocab=vocab, cut=cut)
+        searched = searched_places(roots, cut)
+    searched_t = tuple(searched)
     seen = {os.path.realpath(c.path) for c in candidates}
     beside = [c for c in spec_drafts_beside(header, vocab) if os.path.realpath(c.path) not in seen]
     spec, why = pick_spec_draft(beside + list(candidates), notes)
     if spec is not None:
         return DraftChoice(spec.draft_kind, spec.path, why, spec.verdict, source="disk", label=spec.label,
-                           considered=tuple(notes))
+                           considered=tuple(notes), searched=searched_t)
     best, why = pick_disk_draft(header, candidates)
     if best is not None:
         return DraftChoice("draft-simple", best.path, why, best.verdict, source="disk", label=best.label,
-                           considered=tuple(notes))
+                           considered=tuple(notes), searched=searched_t)
     notes.append(why)
     choice = registry_choice(header, vocab, offline=offline, allow_download=allow_download, dry_run=dry_run,
                              notes=notes)
     if choice is not None:
         return DraftChoice(choice.kind, choice.path, choice.reason, choice.verdict, choice.source, choice.label,
-                           tuple(notes), choice.would_download)
+                           tuple(notes), choice.would_download, searched_t)
     from llamaspec.pairing.translated_pairs import add_translated, pick_translated
 
     add_translated(header, candidates, vocab)
     best, why = pick_translated(header, candidates, pays)
     if best is not None:
         return DraftChoice("draft-simple", best.path, why, best.verdict, source="disk", label=best.label,
-                           considered=tuple(notes))
+                           considered=tuple(notes), searched=searched_t)
     notes.append(why)
-    return text_fallback(tuple(notes))
+    return text_fallback(tuple(notes), searched_t)
 
 
 #: what drafts when no model can: llamaspec's longest-match prompt lookup (speculative/drafters/
@@ -355,12 +369,12 @@ TEXT_FALLBACK = "prompt-lookup"
 ACROSS_REQUESTS = "suffix"
 
 
-def text_fallback(notes: Sequence[str]) -> DraftChoice:
+def text_fallback(notes: Sequence[str], searched: Sequence[str] = ()) -> DraftChoice:
     """The last step of the chain: drafting from the text itself, with what the earlier steps found."""
     notes = list(notes)
     return DraftChoice(TEXT_FALLBACK, None, "no model draft available (" + "; ".join(notes[1:] or notes)
                        + f"): {TEXT_FALLBACK} drafting from the text itself", source="fallback",
-                       label=TEXT_FALLBACK, considered=tuple(notes))
+                       label=TEXT_FALLBACK, considered=tuple(notes), searched=tuple(searched))
 
 
 def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str]] = (), offline: bool = False,

@@ -1,8 +1,13 @@
 """Find GGUF models already on disk that could draft for a target, reading headers only.
 
-Where: the Hugging Face cache (HF_HUB_CACHE / HF_HOME), LM Studio (~/.lmstudio/models,
-~/.cache/lm-studio/models), Ollama's blobs (~/.ollama/models or $OLLAMA_MODELS; blobs have no
-extension, so the GGUF magic is sniffed and names come from the manifests) and any --search DIR.
+Where (`places`, the one list `pair`, `run --draft auto` and `models` all use, in this order):
+any --search DIR, the target's own folder and its direct subfolders (where llama.cpp users keep
+their GGUFs), each directory of $LLAMASPEC_MODELS_PATH (colon-separated), then the Hugging Face
+cache (HF_HUB_CACHE / HF_HOME), LM Studio (~/.lmstudio/models, ~/.cache/lm-studio/models) and
+Ollama's blobs (~/.ollama/models or $OLLAMA_MODELS; blobs have no extension, so the GGUF magic is
+sniffed and names come from the manifests). The walk is bounded: a depth per place, and the whole
+scan stops after SCAN_SECONDS (a home directory or a network mount as the target's folder), keeping
+what it found and naming the place it cut short.
 
 Fast: each file first gets a gguf.peek.peek (a few KB of a memory-mapped file): files whose
 vocabulary type or size rule them out are skipped before any token text is decoded. Survivors
@@ -21,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -33,6 +39,12 @@ from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
 from llamaspec.pairing.compat import MAX_SIZE_DIFFERENCE, Verdict, check_headers
 
 _MAX_DEPTH = 8
+# The target's folder: its files and one level of subfolders (~/models/<model>/<file>.gguf), never
+# a deep walk (the target may sit in a home directory).
+BESIDE_DEPTH = 1
+# The whole scan of all places stops after this long; the files found so far are still compared.
+SCAN_SECONDS = 5.0
+MODELS_PATH_ENV = "LLAMASPEC_MODELS_PATH"
 # Helper files, not models (llama.cpp's gguf_filename_is_model also skips its draft sidecars,
 # mtp-/eagle3-/dflash-/dspark-: here they are scanned and told apart by their headers).
 _NOT_MODELS = ("mmproj", "imatrix")
@@ -42,10 +54,20 @@ _SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", ".tox"}
 
 @dataclass(frozen=True)
 class Root:
-    """A place to look: `kind` is hf-cache, lmstudio, ollama or search."""
+    """A place to look: `kind` is beside (the target's folder), models-path ($LLAMASPEC_MODELS_PATH),
+    search (--search), hf-cache, lmstudio or ollama; `depth` bounds the walk below it."""
 
     path: Path
     kind: str
+    depth: int = _MAX_DEPTH
+
+    def describe(self) -> str:
+        """'the target's folder /m', 'LLAMASPEC_MODELS_PATH /x', 'Hugging Face cache ~/.cache/...'."""
+        return f"{_PLACE_NAMES.get(self.kind, self.kind)} {self.path}"
+
+
+_PLACE_NAMES = {"beside": "the target's folder", "models-path": MODELS_PATH_ENV, "search": "--search",
+                "hf-cache": "Hugging Face cache", "lmstudio": "LM Studio", "ollama": "Ollama"}
 
 
 @dataclass(frozen=True)
@@ -112,6 +134,27 @@ def search_roots(dirs: Iterable[str | os.PathLike[str]]) -> list[Root]:
     return [Root(Path(d).expanduser(), "search") for d in dirs]
 
 
+def models_path_roots() -> list[Root]:
+    """The directories of $LLAMASPEC_MODELS_PATH (colon-separated, as PATH), those that exist."""
+    dirs = [d for d in os.environ.get(MODELS_PATH_ENV, "").split(os.pathsep) if d.strip()]
+    return [r for r in (Root(Path(d).expanduser(), "models-path") for d in dirs) if r.path.is_dir()]
+
+
+def places(target: str | os.PathLike[str] | None = None, search: Iterable[str | os.PathLike[str]] = (), *,
+           default_dirs: bool = True) -> list[Root]:
+    """Where drafts are looked for, in order: `search`, the folder of `target` (a local file), each
+    $LLAMASPEC_MODELS_PATH directory, the usual model stores. default_dirs=False: only
+    `search` (pair --no-default-dirs)."""
+    roots = search_roots(search)   # named by the user: first (a file found twice keeps its first name)
+    if default_dirs and target is not None and os.path.isfile(target):
+        # Not resolved: a Hub-cache snapshot file is a symlink into blobs/, its siblings are beside the link.
+        roots.append(Root(Path(os.path.abspath(target)).parent, "beside", BESIDE_DEPTH))
+    if default_dirs:
+        roots += models_path_roots()
+        roots += default_roots()
+    return roots
+
+
 # ---- walking -----------------------------------------------------------------------------------
 
 
@@ -129,17 +172,28 @@ def _is_model_name(name: str) -> bool:
     return m is None or int(m.group(1)) == 1  # later split parts carry no tokenizer
 
 
-def _walk(top: Path, depth: int = _MAX_DEPTH) -> Iterator[Path]:
+class OutOfTime(Exception):
+    """The scan's time limit passed (raised inside a walk, caught by iter_models)."""
+
+
+def _check(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise OutOfTime
+
+
+def _walk(top: Path, depth: int = _MAX_DEPTH, deadline: float | None = None) -> Iterator[Path]:
     """GGUF-named files under `top` (symlinked files followed, symlinked dirs not: no loops)."""
+    _check(deadline)
     try:
-        entries = list(os.scandir(top))
+        with os.scandir(top) as it:
+            entries = sorted(it, key=lambda e: e.name)
     except OSError:
         return
     for e in entries:
         try:
             if e.is_dir(follow_symlinks=False):
                 if depth > 0 and e.name not in _SKIP_DIRS and not e.name.startswith("."):
-                    yield from _walk(Path(e.path), depth - 1)
+                    yield from _walk(Path(e.path), depth - 1, deadline)
             elif _is_model_name(e.name) and e.is_file():
                 yield Path(e.path)
         except OSError:
@@ -200,10 +254,13 @@ def _ollama_files(root: Path) -> Iterator[Found]:
         yield Found(Path(e.path), "ollama", names.get(e.name, f"ollama blob {e.name[:19]}"))
 
 
-def iter_models(roots: Iterable[Root]) -> Iterator[Found]:
-    """Every GGUF model file under `roots`, each real file once."""
+def iter_models(roots: Iterable[Root], *, deadline: float | None = None,
+                cut: list[Root] | None = None) -> Iterator[Found]:
+    """Every GGUF model file under `roots`, each real file once. Past `deadline` (time.monotonic())
+    the walk stops; the root it was in, and those not reached, are appended to `cut`."""
     seen: set[str] = set()
-    for root in roots:
+    roots = list(roots)
+    for i, root in enumerate(roots):
         if root.kind == "hf-cache":
             it = _hf_files(root.path)
         elif root.kind == "ollama":
@@ -211,15 +268,21 @@ def iter_models(roots: Iterable[Root]) -> Iterator[Found]:
         elif root.path.is_file():
             it = iter([Found(root.path, root.kind, str(root.path))])
         else:
-            it = (Found(p, root.kind, str(p)) for p in _walk(root.path))
-        for found in it:
-            try:
-                real = os.path.realpath(found.path)
-            except OSError:
-                continue
-            if real not in seen:
-                seen.add(real)
-                yield found
+            it = (Found(p, root.kind, str(p)) for p in _walk(root.path, root.depth, deadline))
+        try:
+            for found in it:
+                try:
+                    real = os.path.realpath(found.path)
+                except OSError:
+                    continue
+                if real not in seen:
+                    seen.add(real)
+                    yield found
+                _check(deadline)
+        except OutOfTime:
+            if cut is not None:
+                cut.extend(roots[i:])
+            return
 
 
 # ---- comparing ---------------------------------------------------------------------------------
@@ -239,13 +302,16 @@ def prefilter(target: VocabInfo, pk: Peek | None) -> str | None:
 
 
 def scan(target: GGUFHeader, roots: Iterable[Root], *, target_path: str | os.PathLike[str] | None = None,
-         target_vocab: VocabInfo | None = None) -> list[Candidate]:
-    """Every GGUF under `roots` with its verdict against `target` (or why it was skipped)."""
+         target_vocab: VocabInfo | None = None, seconds: float | None = SCAN_SECONDS,
+         cut: list[Root] | None = None) -> list[Candidate]:
+    """Every GGUF under `roots` with its verdict against `target` (or why it was skipped). The
+    walk stops after `seconds` (None: no limit); the places it did not finish go to `cut`."""
     tv = target_vocab or vocab_from_header(target)
     target_real = os.path.realpath(target_path or target.source)
     raw: TargetTokens | None | bool = False  # computed on the first candidate worth comparing
     out: list[Candidate] = []
-    for found in iter_models(roots):
+    deadline = None if seconds is None else time.monotonic() + seconds
+    for found in iter_models(roots, deadline=deadline, cut=cut):
         try:
             size = found.path.stat().st_size
         except OSError:

@@ -18,26 +18,23 @@ from pathlib import Path
 import llama_cpp
 
 from llamaspec.errors import ModelLoadError
+from llamaspec.runtime import llama_log
 
 # ---- llama.cpp's log: kept quiet, but remembered so load failures can say why -----------------
+# Shown only where llama_log.route sends it (the CLI's --log-verbose / --log-file).
 _LOG_TAIL: deque[str] = deque(maxlen=30)
-_VERBOSE = False
 
 
 @llama_cpp.llama_log_callback
 def _log_cb(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pragma: no cover - C callback
     msg = text.decode("utf-8", errors="replace")
     _LOG_TAIL.append(msg)
-    if _VERBOSE:
-        import sys
-
-        sys.stderr.write(msg)
+    llama_log.emit(msg)
 
 
-def set_llama_log(verbose: bool) -> None:
-    global _VERBOSE
-    _VERBOSE = verbose
-    # Re-install: llama_cpp's high-level Llama class replaces the process-wide callback.
+def set_llama_log() -> None:
+    """Install llamaspec's log callback again: llama_cpp's high-level Llama class replaces the
+    process-wide one. Where the log goes is llama_log.route's."""
     llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p(0))
 
 
