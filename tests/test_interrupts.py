@@ -67,8 +67,8 @@ def test_run_json_interrupted_is_still_one_json_object(tiny_models, sig):
 @pytest.mark.parametrize("sig", SIGNALS)
 def test_run_interrupted_while_the_model_loads_exits_instead_of_going_on(tiny_models, sig):
     """A signal landing in llama.cpp's log callback used to be printed as a traceback by ctypes and
-    dropped: the run went on and exited 0. With -v the callback is busy from the first line."""
-    c = Child("run", tiny_models["target"], "-p", "hi", "-n", "1900", "--temp", "0", "-t", "1", "-v",
+    dropped: the run went on and exited 0. With --log-verbose the callback is busy from the first line."""
+    c = Child("run", tiny_models["target"], "-p", "hi", "-n", "1900", "--temp", "0", "-t", "1", "--log-verbose",
               "--spec-type", "none", "--raw")
     # llama.cpp's own first line, printed once the handlers are in place (a bare "load" also
     # matched any earlier line with "download" or "payload" in it)
