@@ -6,8 +6,8 @@ that per-request settings and the server share.
 
     >>> from llamaspec.speculative.verify import SamplingParams
     >>> opts = GenerationOptions(spec_type="ngram-mod", sampling=SamplingParams(temperature=0))
-    >>> opts.sampling.greedy, opts.max_tokens
-    (True, 256)
+    >>> opts.sampling.greedy, opts.max_tokens == NO_LIMIT   # max_tokens left out: no limit
+    (True, True)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from llamaspec.errors import UsageError
-from llamaspec.openai_format import parse_stop
+from llamaspec.openai_format import NO_LIMIT, parse_stop
 from llamaspec.speculative.verify import SamplingParams
 
 if TYPE_CHECKING:
@@ -32,7 +32,8 @@ class GenerationOptions:
     spec_type: llama.cpp's --spec-type value ("ngram-mod", "draft,ngram-simple"; "none": plain).
     draft_max None: the resolved default for the spec type. adaptive False is --fixed-draft.
     n_gpu_layers(_draft) None: offload what fits (-1: every layer). parallel: sequences in one context.
-    sampling, max_tokens and stop are defaults that each request may override.
+    sampling, max_tokens and stop are defaults that each request may override. max_tokens None or
+    -1: no limit (until end-of-generation or a full context; kept as NO_LIMIT).
     """
 
     # drafting
@@ -56,7 +57,7 @@ class GenerationOptions:
     parallel: int = 1
     # sampling and output
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int = 256
+    max_tokens: int | None = None
     stop: Sequence[str] = ()
     # prompt formatting
     chat: bool | None = None
@@ -65,7 +66,7 @@ class GenerationOptions:
     def __post_init__(self) -> None:
         if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) or self.parallel < 1:
             raise UsageError(f"parallel must be an integer >= 1, not {self.parallel!r}")
-        check_max_tokens(self.max_tokens)
+        object.__setattr__(self, "max_tokens", check_max_tokens(self.max_tokens))
         if self.draft_max is not None and self.draft_min > self.draft_max:
             raise UsageError(f"draft_min {self.draft_min} exceeds draft_max {self.draft_max}",
                              "draft_min must be between 0 and draft_max")
@@ -73,9 +74,17 @@ class GenerationOptions:
 
 
 def check_max_tokens(value, name: str = "max_tokens") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise UsageError(f"{name} must be an integer >= 0, not {value!r}")
-    return value
+    """A token limit -> an int: None and -1 (llama.cpp's -n -1) are no limit (NO_LIMIT, more than
+    any context holds, so end-of-generation or the full context ends the answer).
+
+        >>> check_max_tokens(8), check_max_tokens(-1) == check_max_tokens(None) == NO_LIMIT
+        (8, True)
+    """
+    if value is None:
+        return NO_LIMIT
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise UsageError(f"{name} must be an integer >= 0 (-1 or None: no limit), not {value!r}")
+    return NO_LIMIT if value == -1 else value
 
 
 def check_stop(value, name: str = "stop") -> tuple[str, ...]:

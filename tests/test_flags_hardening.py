@@ -34,7 +34,7 @@ def one_line(r, code: int, *needles: str) -> None:
 
 
 RUN_BATCH_FLAGS = [   # flags of run and batch (the shared generation flags): (args, what the error says)
-    (["-n", "-1"], "-n must be >= 0"),
+    (["-n", "-2"], "-n must be >= -1"),   # -1 is llama.cpp's "no limit"
     (["-c", "-5"], "-c/--ctx-size must be >= 0"),
     (["-t", "-1"], "-t/--threads must be >= 0"),
     (["--draft-min", "5", "--draft-max", "3"], "--draft-min 5 exceeds --draft-max 3"),
@@ -152,6 +152,25 @@ def test_n_zero_is_a_valid_no_op(run_cli, tiny_models, tmp_path):
     recs = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert [(x["id"], x["text"], x["n_generated"]) for x in recs] == [("a", "", 0), ("b", "", 0)]
     CASES["run"] += 2
+    CASES["batch"] += 1
+
+
+def test_n_minus_one_means_no_limit(run_cli, tiny_models, tmp_path):
+    """-n -1 (llama.cpp's "no limit"): run, batch and chat generate until end-of-generation or a
+    full context, never stopping at a token count ("length"); -c 300 is past run's default -n 256."""
+    r = run_cli("run", tiny_models["target"], "-p", "hi", "-n", "-1", "-c", "300", "-t", "1", "--temp", "0",
+                "--spec-type", "none", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["stop_reason"] in ("eos", "context"), r.json()["stop_reason"]
+    if r.json()["stop_reason"] == "context":
+        assert r.json()["n_prompt"] + r.json()["n_generated"] >= 299
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text('{"id": "a", "prompt": "hi"}\n')
+    r = run_cli("batch", tiny_models["target"], inp, "-o", out, "-n", "-1", "-c", "300", "-t", "1", "--temp", "0",
+                "-q")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(out.read_text())["finish_reason"] in ("stop", "context"), out.read_text()[-300:]
+    CASES["run"] += 1
     CASES["batch"] += 1
 
 

@@ -39,7 +39,8 @@ DraftOpt = Annotated[Optional[str], typer.Option(
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", help=SPEC_HELP)]
 DraftMinOpt = Annotated[int, typer.Option("--draft-min", "--spec-draft-n-min", help="Drop drafts shorter than this.",
                                            callback=draft_length("--draft-min", 0))]
-NPredictOpt = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.", callback=at_least("-n", 0))]
+NPredictOpt = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate; -1: until end-of-generation "
+                                          "or a full context.", callback=at_least("-n", -1, "-1: no limit"))]
 TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.",
                                         callback=at_least("--temp", 0, "0 means greedy"))]
 TopKOpt = Annotated[int, typer.Option("--top-k")]

@@ -16,7 +16,7 @@ from llamaspec.runtime.llama import DecodeClock, Model, Utf8Stream
 from llamaspec.speculative.controller import DraftLengthController
 from llamaspec.speculative.drafters.base import Draft
 from llamaspec.speculative.metrics import SpecStats
-from llamaspec.speculative.verify import SamplingParams
+from llamaspec.speculative.verify import SamplingParams, seed_entropy
 from llamaspec.speculative.prefix import common_prefix
 
 
@@ -290,7 +290,7 @@ def random_streams(seed: int | None) -> tuple[np.random.Generator, np.random.Gen
         >>> random_streams(7)[0].random() == random_streams(7)[0].random()
         True
     """
-    verify_ss, draft_ss = np.random.SeedSequence(seed).spawn(2)
+    verify_ss, draft_ss = np.random.SeedSequence(seed_entropy(seed)).spawn(2)   # (negative int64s too)
     return np.random.default_rng(verify_ss), np.random.default_rng(draft_ss)
 
 

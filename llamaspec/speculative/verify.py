@@ -26,6 +26,8 @@ that is an EOG ends the step: it is returned as next_token (n_accepted counts th
 from __future__ import annotations
 
 import math
+import operator
+import sys
 from dataclasses import dataclass
 from typing import Callable, Collection, Sequence
 
@@ -81,10 +83,12 @@ class SamplingParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
                 raise UsageError(f"{name} must be a number {rule}, not {value!r}")
+            if not _normal_number(value):   # inf, NaN, 1e-310: a sampler would divide into inf or NaN
+                raise UsageError(f"{name} must be a finite number, 0 or at least {sys.float_info.min:.3g} "
+                                 f"in size, not {value!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
             raise UsageError(f"top_k must be an integer (<= 0: off), not {self.top_k!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise UsageError(f"seed must be an integer, not {self.seed!r}")
+        object.__setattr__(self, "seed", check_seed(self.seed))
 
     @property
     def greedy(self) -> bool:
@@ -98,7 +102,54 @@ class SamplingParams:
 
     def rng(self) -> np.random.Generator:
         """A numpy Generator seeded with `seed` (fresh entropy when None)."""
-        return np.random.default_rng(self.seed)
+        return np.random.default_rng(seed_entropy(self.seed))
+
+
+#: seeds that mean "a random seed", as in llama.cpp: -1 and LLAMA_DEFAULT_SEED (0xFFFFFFFF)
+RANDOM_SEEDS = (-1, 0xFFFFFFFF)
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1   # the seeds OpenAI and vLLM take
+
+
+def check_seed(seed: object) -> int | None:
+    """A seed as every way in gives it -> the one SamplingParams keeps: None (fresh entropy) for
+    None and the RANDOM_SEEDS, else the int64 itself; anything else is a UsageError naming `seed`.
+
+        >>> check_seed(-1), check_seed(4294967295), check_seed(-5)
+        (None, None, -5)
+        >>> check_seed(1 << 63)
+        Traceback (most recent call last):
+        ...
+        llamaspec.errors.UsageError: seed must be a 64-bit integer (between -2^63 and 2^63-1; -1: random), not 9223372036854775808
+    """
+    from llamaspec.errors import UsageError
+
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not hasattr(seed, "__index__"):   # int, numpy integers
+        raise UsageError(f"seed must be an integer (-1: random), not {seed!r}")
+    seed = operator.index(seed)
+    if not INT64_MIN <= seed <= INT64_MAX:
+        raise UsageError(f"seed must be a 64-bit integer (between -2^63 and 2^63-1; -1: random), not {seed}")
+    return None if seed in RANDOM_SEEDS else seed
+
+
+def seed_entropy(seed: int | None) -> int | None:
+    """What numpy's SeedSequence takes for a checked seed: a negative int64 becomes its two's
+    complement (an unsigned 64-bit value, so -5 and 5 stay different seeds); None stays None.
+
+        >>> seed_entropy(-5), seed_entropy(5), seed_entropy(None)
+        (18446744073709551611, 5, None)
+    """
+    return None if seed is None else seed % (1 << 64)
+
+
+def _normal_number(v: int | float) -> bool:
+    """Finite and not a denormal (0 is fine)."""
+    try:
+        f = float(v)
+    except OverflowError:   # an integer past float's range
+        return False
+    return math.isfinite(f) and (f == 0 or abs(f) >= sys.float_info.min)
 
 
 def _apply_penalties(logits: np.ndarray, params: SamplingParams,
