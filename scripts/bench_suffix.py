@@ -113,12 +113,21 @@ def main() -> None:
         return
     print(f"{'job':<5}{'rep':>4}  {'mode':<24}{'tok/s':>8}{'vs plain':>10}{'vs lookup':>11}{'accepted':>14}  identical")
     for r in report:
-        print(f"{r['job']:<5}{r['rep']:>4}  {r['mode']:<24}{r['tok_s']:>8.1f}{r['vs_plain'] or 0:>9.2f}x"
-              f"{r['vs_prompt_lookup'] or 0:>10.2f}x{r['accepted']:>7}/{r['drafted']:<6}  {r['identical']}")
+        print(f"{r['job']:<5}{r['rep']:>4}  {r['mode']:<24}{r['tok_s']:>8.1f}{_x(r['vs_plain']):>10}"
+              f"{_x(r['vs_prompt_lookup']):>11}{r['accepted']:>7}/{r['drafted']:<6}  {r['identical']}")
     for job in args.jobs:
         for m in args.modes:
             ratios = [r["vs_prompt_lookup"] for r in report if r["job"] == job and r["mode"] == m]
-            print(f"{job}: {m} vs prompt-lookup, median of {len(ratios)}: {statistics.median(ratios):.2f}x")
+            measured = [x for x in ratios if x is not None]   # a ratio with no reference run is not 0
+            if measured:
+                print(f"{job}: {m} vs prompt-lookup, median of {len(measured)}: {statistics.median(measured):.2f}x")
+            else:
+                print(f"{job}: {m} vs prompt-lookup: not measured (no prompt-lookup run)")
+
+
+def _x(ratio: float | None) -> str:
+    """A ratio as `1.23x`, or `n/a` when its reference was not run (never 0.00x)."""
+    return "n/a" if ratio is None else f"{ratio:.2f}x"
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ accepted), the yardstick `bench` reports as `bound`.
     scripts/replay_drafters.py --record MODEL --prompt-preset code -o code.json
     scripts/replay_drafters.py --measure MODEL --prompt-preset code  # prints a curve at that depth
     scripts/replay_drafters.py --record MODEL --prompts suite.jsonl -o he.json   # he.ID.json each
-    scripts/replay_drafters.py code.json --curve 1:1,2:1.90,4:2.27,8:3.36,16:5.07,32:8.88,64:15.15
+    scripts/replay_drafters.py code.json --curve "$(scripts/replay_drafters.py --measure MODEL)"
 
 "adaptive" gives the controllers the curve; "learnt costs" makes them learn it from the replayed
 step times as the engine does from measured ones (closer to a real run: the first drafts are
@@ -129,9 +129,9 @@ def measure(model: str, preset: str, threads: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace", nargs="*", type=Path, help="recorded outputs (JSON: prompt, out)")
-    ap.add_argument("--curve", default="1:1,2:1.90,4:2.27,8:3.36,16:5.07,32:8.88,64:15.15",
-                    help="verify cost t(n)/t(1) as n:ratio pairs (default: SmolLM2 F16, 2 threads, "
-                         "2-core AVX-512 EPYC)")
+    ap.add_argument("--curve", help="verify cost t(n)/t(1) as n:ratio pairs, measured on this machine "
+                                    "(--measure MODEL prints it); required to replay: another machine's "
+                                    "curve models another machine")
     ap.add_argument("--k-max", type=int, default=32)
     ap.add_argument("--record", metavar="MODEL")
     ap.add_argument("--prompt-preset", default="code")
@@ -147,7 +147,9 @@ def main() -> None:
     if a.measure:
         print(measure(a.measure, a.prompt_preset, a.threads))
         return
-    curve = {int(k): float(v) for k, v in (p.split(":") for p in a.curve.split(","))}
+    if a.trace and not a.curve:
+        ap.error("--curve is required to replay a trace: measure this machine's with --measure MODEL")
+    curve = {int(k): float(v) for k, v in (p.split(":") for p in a.curve.split(","))} if a.curve else {}
     for trace in a.trace:
         data = json.loads(trace.read_text())
         b = copy_bound(data["prompt"], data["out"], curve)

@@ -20,6 +20,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # ---- isolation ---------------------------------------------------------------------------------
 
+# Read before any test moves HOME (isolated_home): derived test models are made once and shared.
+_TEST_MODELS_CACHE = real_models.cache_dir()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "real_home: reads the user's real HOME and model stores (no isolated_home)")
+
+
 
 @pytest.fixture(autouse=True)
 def _own_tune_store(tmp_path_factory, monkeypatch):
@@ -185,13 +193,20 @@ def run_cli_subprocess():
     return run
 
 
-@pytest.fixture
-def isolated_home(tmp_path, monkeypatch):
-    """No real model stores: HOME, HF_HOME and OLLAMA_MODELS point into tmp_path."""
+@pytest.fixture(autouse=True)
+def isolated_home(request, tmp_path, monkeypatch):
+    """Every test: no real model stores. HOME (so LM Studio's ~/.lmstudio, ~/.cache/lm-studio and
+    Ollama's ~/.ollama), HF_HOME point into tmp_path; HF_HUB_CACHE, OLLAMA_MODELS and
+    $LLAMASPEC_MODELS_PATH are unset. What a developer has downloaded must not change what a test
+    finds. The test-model cache stays where it is (LLAMASPEC_TEST_MODELS). A test that needs the
+    real home says so: @pytest.mark.real_home."""
+    if request.node.get_closest_marker("real_home"):
+        return Path.home()
+    monkeypatch.setenv(real_models.CACHE_ENV, str(_TEST_MODELS_CACHE))
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
-    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OLLAMA_MODELS", "XDG_CACHE_HOME"):
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OLLAMA_MODELS", "XDG_CACHE_HOME", "LLAMASPEC_MODELS_PATH"):
         monkeypatch.delenv(var, raising=False)
     return home

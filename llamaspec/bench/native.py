@@ -60,13 +60,20 @@ def run_native(bin_dir: Path, model: Path, spec: str, prompt_file: Path, setting
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
     except OSError as e:
         raise NativeRunError(f"could not start {cmd[0]}: {e.strerror or e}") from None
-    text = proc.stdout + proc.stderr
+    try:
+        return parse_log(proc.stdout + proc.stderr, NATIVE_PREFIX + spec)
+    except NativeRunError as exc:
+        raise NativeRunError(f"{NATIVE_EXE} exited {proc.returncode} {exc}") from None
+
+
+def parse_log(text: str, mode: str) -> RepResult:
+    """The row of one `llama-speculative-simple` log: tokens, tok/s, end-to-end seconds (encode +
+    decode) and acceptance (None when the log has no accept line: unknown, never 0 %)."""
     m = _DEC.search(text)
     if not m:
         last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), "")
-        raise NativeRunError(f"{NATIVE_EXE} exited {proc.returncode} without a timing line"
-                             + (f" (last line: {last[:160]})" if last else ""))
+        raise NativeRunError("without a timing line" + (f" (last line: {last[:160]})" if last else ""))
     a, e = _ACC.search(text), _ENC.search(text)
-    return RepResult(mode=NATIVE_PREFIX + spec, n=int(m.group(1)), tps=float(m.group(3)),
+    return RepResult(mode=mode, n=int(m.group(1)), tps=float(m.group(3)),
                      e2e_s=float(m.group(2)) + (float(e.group(2)) if e else 0.0),
-                     acceptance=float(a.group(1)) / 100 if a else 0.0, native=True)
+                     acceptance=float(a.group(1)) / 100 if a else None, native=True)

@@ -73,7 +73,7 @@ class RepResult:
     n: int                              # tokens generated
     tps: float                          # generation tokens/s (prompt excluded)
     e2e_s: float                        # prompt processing (target and draft) + generation, seconds
-    acceptance: float = 0.0
+    acceptance: float | None = 0.0   # None: not measured (a native log without its accept line)
     drafted: int = 0
     accepted: int = 0
     drafts: int = 0
@@ -130,7 +130,7 @@ class ModeSummary:
     ratio_vs_plain: float | None
     ratios: list[float | None]
     e2e_ratio_vs_plain: float | None
-    acceptance: float
+    acceptance: float | None            # None: not measured (a native log without its accept line)
     mean_accepted_length: float | None
     drafted: int                        # median over reps
     accepted: int                       # median over reps
@@ -254,7 +254,7 @@ def summarise(runs: dict[str, list[RepResult]]) -> list[ModeSummary]:
             ratio_vs_plain=_median([r.ratio for r in rs]),
             ratios=[round(r.ratio, 3) if r.ratio is not None else None for r in rs],
             e2e_ratio_vs_plain=_median([r.e2e_ratio for r in rs]),
-            acceptance=statistics.median(r.acceptance for r in rs),
+            acceptance=None if any(r.acceptance is None for r in rs) else statistics.median(r.acceptance for r in rs),
             mean_accepted_length=_median([r.mean_accepted_length for r in rs]),
             drafted=int(statistics.median(r.drafted for r in rs)),
             accepted=int(statistics.median(r.accepted for r in rs)),

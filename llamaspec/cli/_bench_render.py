@@ -158,7 +158,8 @@ def _mode_cells(m: "ModeSummary") -> list[str]:
     plain = m.mode == "plain"
     has_drafts = not plain and not m.native and m.drafted > 0
     t = m.theory
-    return [f"{100 * m.acceptance:.1f}%" if not plain and (m.native or has_drafts) else "-",
+    accept = "unknown" if m.acceptance is None else f"{100 * m.acceptance:.1f}%"   # native: its log may not say
+    return [accept if not plain and (m.native or has_drafts) else "-",
             f"{m.mean_accepted_length:.2f}" if has_drafts and m.mean_accepted_length is not None else "-",
             _x(t.speedup) if t is not None else "-", _pct(t.of_theory) if t is not None else "-",
             _x(m.bound), _pct(m.of_bound)]
