@@ -16,7 +16,7 @@ PREFIX = "llamaspec:"
 
 class Metrics:
     def __init__(self, gauges: Callable[[], dict[str, int]] | None = None):
-        # gauges(): {"requests_processing": n, "requests_deferred": n}, read at each scrape
+        # gauges(): {"requests_processing": n, "requests_deferred": n, "requests_in_flight": n}, read at each scrape
         self.gauges = gauges or (lambda: {})
         self._lock = threading.Lock()
         self.prompt_tokens = 0          # prompt tokens evaluated (those reused from a slot's KV cache apart)
@@ -89,6 +89,8 @@ class Metrics:
         metric("requests_processing", "gauge", "Number of requests processing.",
                [("", g.get("requests_processing", 0))])
         metric("requests_deferred", "gauge", "Number of requests deferred.", [("", g.get("requests_deferred", 0))])
+        metric("requests_in_flight", "gauge", "Requests received and not answered yet (queued, deferred or processing).",
+               [("", g.get("requests_in_flight", 0))])
         return "\n".join(lines) + "\n"
 
 

@@ -371,6 +371,7 @@ class Scheduler:
         try:
             for job, _ in self._active.values():
                 _fault(job, "step")
+                _fault(job, "engine")
             self.engine._step(seqs)
         except Exception as e:  # noqa: BLE001 - fail the requests of this step, keep serving the next ones
             if not isinstance(e, LlamaspecError):
@@ -406,15 +407,14 @@ class Scheduler:
                 continue
             if job.error is not None:
                 self._crash(job, job.error)
-            elif not job.cancelled:
-                job.send(("done", result, cache_n))
-                self._finished(job)
             else:
                 self._finished(job)
+                if not job.cancelled:
+                    job.send(("done", result, cache_n))
 
     def _fail(self, job: Job, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        self._finished(job)   # (first: once a client has its answer, the in-flight count no longer holds it)
         job.send(("error", status, message, param, code))
-        self._finished(job)
 
     def _crash(self, job: Job, exc: BaseException) -> None:
         traceback.print_exception(exc, file=sys.stderr)

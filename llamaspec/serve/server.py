@@ -2,7 +2,8 @@
 ones in flight finish (at most `drain_seconds`; past that they end with what they have), then the
 server stops and the command exits 0. A second signal stops at once. If the engine thread dies
 (scheduler.py), the server stops at once and the command exits non-zero, for a supervisor to
-restart it; a process that cannot stop by itself within DEATH_EXIT_S is ended.
+restart it: for DEATH_GRACE_S it answers 503 (/health says why), then stops; a process that
+cannot stop by itself within DEATH_EXIT_S is ended.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 import uvicorn
 
 from llamaspec.errors import EXIT_FAILURE, LlamaspecError
 from llamaspec.serve.scheduler import Scheduler
 
-DEATH_EXIT_S = 10.0
+DEATH_GRACE_S, DEATH_EXIT_S = 2.0, 10.0
 
 
 class _DrainingServer(uvicorn.Server):
@@ -37,11 +39,14 @@ class _DrainingServer(uvicorn.Server):
         threading.Thread(target=self._drain, name="llamaspec-drain", daemon=True).start()
 
     def engine_died(self) -> None:
-        """Called by the dying engine thread: stop serving now (no drain: nothing can finish)."""
-        self.force_exit = self.should_exit = True
-        timer = threading.Timer(DEATH_EXIT_S, os._exit, (EXIT_FAILURE,))
-        timer.daemon = True
-        timer.start()
+        """Called by the dying engine thread: stop serving soon (no drain: nothing can finish)."""
+        def stop() -> None:
+            time.sleep(DEATH_GRACE_S)
+            self.force_exit = self.should_exit = True
+            time.sleep(DEATH_EXIT_S)
+            os._exit(EXIT_FAILURE)
+
+        threading.Thread(target=stop, name="llamaspec-exit", daemon=True).start()
 
     def _drain(self) -> None:
         if not self.sched.wait_idle(self.drain_seconds):
