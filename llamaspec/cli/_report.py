@@ -7,11 +7,14 @@ from typing import Any
 PAUSED = "the draft model was paused: it would have cost more than it saved here; --fixed-draft forces it"
 
 
-def no_drafts_reason(spec_type: str, steps: int, per_drafter: dict[str, dict] | None = None) -> str:
+def no_drafts_reason(spec_type: str, steps: int, per_drafter: dict[str, dict] | None = None,
+                     draft_max: int | None = None) -> str:
     """Why a speculative run drafted nothing, truthfully. A drafter never asked for a draft was held
     back by the adaptive controller (per_drafter has no calls for it; None: not known, as in bench's
     medians); a draft model always has a draft when asked, an n-gram drafter only where the text
     repeats. Model drafters are the spec types named draft-* (llama.cpp's names)."""
+    if draft_max == 0:
+        return "no drafts were made (--draft-max 0)"
     if steps <= 1:
         return "no drafts were made (the output was too short to draft: the first token comes from the prompt)"
     kinds = spec_type.split(",")
@@ -26,7 +29,7 @@ def no_drafts_reason(spec_type: str, steps: int, per_drafter: dict[str, dict] | 
     return "no drafts were made (nothing to draft from: the text had no repeat to copy)"
 
 
-def render_stats(info: dict[str, Any], console) -> None:
+def render_stats(info: dict[str, Any], console, draft_max: int | None = None) -> None:
     """A compact block for stderr, in llama.cpp's words."""
     n_gen, n_prompt = info["n_generated"], info["n_prompt"]
     ps = info["prompt_seconds"]
@@ -50,5 +53,5 @@ def render_stats(info: dict[str, Any], console) -> None:
         )
         console.print(f"[dim]per-position acceptance %: {per_pos}[/dim]")
     elif info["spec_type"] != "none":
-        console.print(f"[dim]{no_drafts_reason(info['spec_type'], info['steps'], info.get('per_drafter'))}[/dim]")
+        console.print(f"[dim]{no_drafts_reason(info['spec_type'], info['steps'], info.get('per_drafter'), draft_max)}[/dim]")
 

@@ -90,7 +90,7 @@ def run(
     else:
         out.write("\n")
         if not out.quiet:
-            render_stats(info, out.stderr)
+            render_stats(info, out.stderr, gen.draft_max)
     if result.stop_reason == "context":
         out.warn(f"stopped: the context is full ({n_ctx_used} tokens); raise -c/--ctx-size for longer output")
     from llamaspec.cli._errors import interrupted_exit_code, signal_received
