@@ -68,6 +68,7 @@ class Request:
     repeat_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    ignore_eos: bool = False   # never end at an end-of-generation token (llama-server's ignore_eos)
 
     SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty",   # SamplingParams fields
                 "presence_penalty", "frequency_penalty")
@@ -233,7 +234,8 @@ class Generator(OpenAIMethods):
         sampling = replace(self.sampling, **overrides) if overrides else self.sampling
         max_tokens = self.max_tokens if req.max_tokens is None else check_max_tokens(req.max_tokens)
         stop = list(self.stop if req.stop is None else check_stop(req.stop))
-        return self.pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop)
+        return self.pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop,
+                                   ignore_eos=bool(req.ignore_eos))
 
     def generate(self, prompt: Prompt | Request, *, on_text: Callable[[str, bool, str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, stream: bool = False) -> "Result | TextStream":

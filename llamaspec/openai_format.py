@@ -21,8 +21,6 @@ The server (llamaspec/serve/) and anything else that speaks OpenAI build their o
 from __future__ import annotations
 
 import json
-import math
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -124,7 +122,7 @@ LLAMA_SERVER_UNSUPPORTED = {
     "xtc_probability": _at(0), "xtc_threshold": _any_number,
     "adaptive_target": _at_most(0), "adaptive_decay": _any_number,
     "samplers": _samplers_neutral, "lora": lambda v: not v, "n_cmpl": _at(1),
-    "t_max_predict_ms": _at_most(0), "continue_final_message": _off, "n_indent": _at(0), "ignore_eos": _off,
+    "t_max_predict_ms": _at_most(0), "continue_final_message": _off, "n_indent": _at(0),
 }
 
 
@@ -158,13 +156,18 @@ def jtype(v: Any) -> str:
 INT64 = (-(1 << 63), (1 << 63) - 1)   # OpenAI and vLLM take int64 seeds; the widest integer any field takes
 
 
+#: the sizes a sampling number may have besides 0: float32's normal range, as the samplers compute
+#: in float32 (a repeat_penalty of 1e-300 or 1e300 would turn logits into inf and NaN)
+FLOAT32_TINY, FLOAT32_MAX = 1.1754944e-38, 3.4028235e38
+
+
 def _finite(v: int | float) -> bool:
-    """A number a sampler can use: finite, and not a denormal (1e-310 would overflow what it divides)."""
+    """A number a sampler can use: finite, 0 or of a size float32 holds (no denormal such as 1e-310)."""
     try:
-        f = float(v)
+        f = abs(float(v))
     except OverflowError:   # an integer past float's range
         return False
-    return math.isfinite(f) and (f == 0 or abs(f) >= sys.float_info.min)
+    return f == 0 or FLOAT32_TINY <= f <= FLOAT32_MAX
 
 
 def _int(body: dict, key: str) -> int | None:
@@ -182,8 +185,8 @@ def _num(body: dict, key: str) -> float | None:
         raise RequestError(f"{key} must be a number, got {jtype(v)}", key)
     if v is not None and not _finite(v):
         shown = _shown(v) if isinstance(v, int) else repr(v)
-        raise RequestError(f"{key} must be a finite number, and 0 or at least {sys.float_info.min:.3g} in size "
-                           f"(got {shown})", key)
+        raise RequestError(f"{key} must be a finite number, 0 or between {FLOAT32_TINY:.3g} and {FLOAT32_MAX:.3g} "
+                           f"in size (got {shown})", key)
     return None if v is None else float(v)
 
 
@@ -322,6 +325,8 @@ def _parse(body: Any, kind: str) -> Parsed:
                seed=seed, stop=parse_stop(body.get("stop")) or None, chat=chat,
                top_k=_int(body, "top_k"), min_p=_num(body, "min_p"), repeat_penalty=_num(body, "repeat_penalty"),
                presence_penalty=_num(body, "presence_penalty"), frequency_penalty=_num(body, "frequency_penalty"))
+    if _bool(body, "ignore_eos"):   # llama-server's: generate past end-of-generation, to max_tokens or a full context
+        req["ignore_eos"] = True
     return Parsed(kind, req, bool(stream), bool(stream and opts and opts.get("include_usage")), body.get("model"))
 
 

@@ -69,6 +69,7 @@ class SpecEngine:
         self.ctx = ctx
         self.drafter = drafter
         self.eog = _EogSet(target)
+        self._eog_ids: np.ndarray | None = None
         # The adaptive controllers of the last sequence started, one per drafter (by name).
         self.last_controllers: dict[str, DraftLengthController] = {}
         # Tokens each sequence id holds in the target's KV cache: a new prompt reuses the common
@@ -258,6 +259,14 @@ class SpecEngine:
         return self._shaped(draft, k, draft_min)
 
     # -- sampling / verification ---------------------------------------------------------------
+    def without_eog(self, rows: np.ndarray) -> np.ndarray:
+        """`rows` (logits, one row or several) with every end-of-generation token at -inf."""
+        if self._eog_ids is None:   # (once: a pass over the vocabulary)
+            self._eog_ids = np.array([t for t in range(self.target.n_vocab) if self.target.is_eog(t)], dtype=np.int64)
+        out = np.array(rows, copy=True)
+        out[..., self._eog_ids] = -np.inf
+        return out
+
     @staticmethod
     def _sample_plain(row: np.ndarray, history: Sequence[int], params: SamplingParams,
                       rng: np.random.Generator) -> int:

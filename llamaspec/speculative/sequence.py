@@ -28,6 +28,7 @@ class GenerationConfig:
     draft_max: int = 16        # upper bound on k; the controller picks k <= this each step
     draft_min: int = 0         # drafts shorter than this are dropped (llama.cpp --spec-draft-n-min)
     adaptive: bool = True      # let the controller move k with the measured acceptance
+    ignore_eos: bool = False   # end-of-generation tokens are never sampled (llama-server's ignore_eos)
 
 
 #: why a generation ended: an end-of-generation token, -n reached, a stop string, the context
@@ -125,7 +126,7 @@ class SequenceRun:
             ctx.seq_rm(self.seq_id, 0, -1)
         self.stats.prompt_cached = keep   # evaluated: n_prompt - keep (a chat's next turn: its new tokens)
         n_out = ctx.decode(prompt[keep:], keep, self.seq_id, outputs="last")
-        first = eng._sample_plain(ctx.logits(n_out)[0], prompt, self.params, self.verify_rng)
+        first = eng._sample_plain(self._allowed(ctx.logits(n_out)[0]), prompt, self.params, self.verify_rng)
         if eng.drafter is not None:
             eng.drafter.begin(self.seq_id, prompt, self.draft_rng)
             self._began = True
@@ -171,7 +172,7 @@ class SequenceRun:
         eng, ctx, draft = self.engine, self.engine.ctx, self._draft
         d, last = draft.tokens, self.history[-1]
         t0 = time.perf_counter()
-        n_acc, nxt = eng._verify(d, draft, rows, self.history, self.params, self.verify_rng)
+        n_acc, nxt = eng._verify(d, draft, self._allowed(rows), self.history, self.params, self.verify_rng)
         if n_acc < len(d):
             if self._state is None:
                 ctx.seq_rm(self.seq_id, self.n_past + 1 + n_acc, -1)
@@ -193,6 +194,10 @@ class SequenceRun:
             eng.drafter.accepted(self.seq_id, n_acc, new, is_other=not d)
         if not self.done and self.n_past + 1 > ctx.n_ctx_seq:
             self.stop("context")
+
+    def _allowed(self, rows: np.ndarray) -> np.ndarray:
+        """The target's logits as this sequence may sample them (ignore_eos: no end-of-generation)."""
+        return self.engine.without_eog(rows) if self.config.ignore_eos else rows
 
     def finish(self) -> Generation:
         """End the sequence: drafter state dropped, held-back text flushed, timings filled in."""
