@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def differ_note(s: "ModeSummary") -> str:
     return (f"{s.mode}: greedy tokens differ from plain decoding in {s.differing_reps} of {s.reps} rep(s) "
-            f"(first at token {s.first_difference}); see the README on near-tie flips")
+            f"(first at token {s.first_difference}); see docs/speculative-types.md on near-tie flips")
 
 
 def mode_notes(result: "BenchResult") -> list[str]:
