@@ -87,7 +87,9 @@ def test_pair_lists_the_quantized_sibling_and_run_says_where_it_looked(run_cli, 
     assert "smollm2-q4_1.gguf" in human.stdout and f"searched: the target's folder {folder}" in human.stdout
     # the registry's pairs say which target they are for, and why they do not apply here
     assert "not smaller than this target" not in human.stdout
-    assert "recommended for that target; not for this target: 135M params vs its" in human.stdout
+    assert ("recommended for that target; not for this target: the draft's 135M params are not clearly fewer "
+            "than this target's 134.5M") in human.stdout
+    assert "a quant of a model this size" in human.stdout   # the registry's own F16/Q4_1 pair of this model
 
     run = run_cli("run", target, "--draft", "auto", "-v", "-p", "hi", "-n", "4", "--temp", "0", "--offline", "--json")
     assert run.exit_code == 0, run.stderr

@@ -191,13 +191,17 @@ def _targets_for_draft(draft, candidates) -> list[dict]:
     return sorted(out, key=lambda t: not t["fits"])
 
 
-def _not_here(draft: dict, target: dict) -> str:
+def _not_here(pair: dict, target: dict) -> str:
     """Why a registry pair's draft is not suggested for this target: the registry compares
     parameter counts, and a quant of the same model has as many (a smaller file on disk is found
     by its size, under `on disk`)."""
-    dp = _params(draft["params_b"] * 1e9) if draft.get("params_b") else "?"
-    return (f"not for this target: {dp} params vs its {_params(target.get('n_params'))} "
-            "(a smaller quant of this model on disk is judged by file size instead)")
+    dp = pair["draft"].get("params_b")
+    mp, tp = pair["main"].get("params_b"), target.get("n_params")
+    if mp and tp and abs(mp * 1e9 - tp) <= 0.25 * tp:   # the pair is for a model of this size
+        return ("a quant of a model this size: the registry does not suggest it by parameters; "
+                "a smaller quant on disk is judged by file size (below)")
+    return (f"not for this target: the draft's {_params(dp * 1e9) if dp else '?'} params are not clearly fewer "
+            f"than this target's {_params(tp)}")
 
 
 def _render_pair(r: dict, console) -> None:
@@ -236,7 +240,7 @@ def _render_pair(r: dict, console) -> None:
             if p["recommended"]:
                 notes.append("recommended for that target")
             if not p["draft_smaller_than_target"]:
-                notes.append(_not_here(p["draft"], r["target"]))
+                notes.append(_not_here(p, r["target"]))
             if p["note"]:
                 notes.append(p["note"])
             status = {"verified": "[green]verified[/green]", "incompatible": "[red]incompatible[/red]"}.get(
