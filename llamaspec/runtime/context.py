@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 from time import perf_counter as _perf
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 
@@ -89,6 +89,10 @@ class Context:
         MTP drafter pairs with the next tokens) are still readable."""
         self._decode_listeners.append(fn)
 
+    @property
+    def has_decode_listeners(self) -> bool:
+        return bool(self._decode_listeners)
+
     def remove_decode_listener(self, fn) -> None:
         if fn in self._decode_listeners:
             self._decode_listeners.remove(fn)
@@ -140,14 +144,15 @@ class Context:
         return n_out
 
     def decode_many(self, segments: list[tuple[list[int], int, int]],
-                    outputs: Literal["all", "last"] = "all") -> list[int]:
+                    outputs: Literal["all", "last"] | Sequence[int] = "all") -> list[int]:
         """Evaluate several sequences' tokens in ONE llama_decode.
 
         segments: (tokens, start_pos, seq_id) per sequence, each non-empty; together at most
         n_batch tokens (the verify rows of every active sequence, llama.cpp's multi-sequence batch).
-        outputs: "all" (every token an output row) or "last" (each segment's final token: a draft
-        model bringing several sequences up to date needs only their next-token rows).
-        Returns each segment's first row in `logits(rows)`, rows = total tokens or len(segments).
+        outputs: "all" (every token an output row), "last" (each segment's final token: a draft
+        model bringing several sequences up to date needs only their next-token rows), or per
+        segment how many of its last tokens are output rows (a prompt chunk: 0, or 1 at its end).
+        Returns each segment's first row in `logits(rows)`, rows = the output rows in all.
         """
         total = sum(len(t) for t, _, _ in segments)
         if total > self.n_batch:
@@ -156,14 +161,15 @@ class Context:
             if start + len(toks) > self.n_ctx_seq:
                 raise ContextFullError(f"context full: {start + len(toks)} tokens needed, context size is "
                                        f"{self.n_ctx_seq}", "raise --ctx-size or shorten the prompt / -n")
-        firsts, j = [], 0
+        if isinstance(outputs, str):
+            outputs = [len(t) if outputs == "all" else 1 for t, _, _ in segments]
+        firsts, j, row = [], 0, 0
         slots, batch = self._seq_of_slot, self._batch
-        last = outputs == "last"
-        if last:
-            self._out[:total] = 0
-        for toks, start, seq_id in segments:
+        self._out[:total] = 0
+        for (toks, start, seq_id), k in zip(segments, outputs):
             m = len(toks)
-            firsts.append(len(firsts) if last else j)
+            firsts.append(row)
+            row += k
             self._tok[j:j + m] = toks
             self._pos[j:j + m] = np.arange(start, start + m, dtype=np.int32)
             for i in range(j, j + m):
@@ -171,10 +177,8 @@ class Context:
                     batch.seq_id[i][0] = seq_id
                     slots[i] = seq_id
             j += m
-            if last:
-                self._out[j - 1] = 1
-        if not last:
-            self._out[:total] = 1
+            if k:
+                self._out[j - k:j] = 1
         batch.n_tokens = total
         t0 = _perf()
         rc = llama_cpp.llama_decode(self.ptr, batch)

@@ -13,6 +13,11 @@ llama_decode error) ends the sequences of that step; the in-flight count stays e
 path. If the engine thread dies anyway, every waiting request gets a 500, `dead` says why and
 `on_death` is called (the server exits non-zero so that a supervisor restarts it).
 
+Chat templates are rendered and prompts tokenized in preparing threads (never the event loop,
+never the engine thread: a template's time limit holds in any thread), and a long prompt enters
+the shared steps in chunks beside the sequences generating (serve/prefill.py sizes them), so
+running streams keep flowing while it is evaluated.
+
 Up to `parallel` slots (llama.cpp sequence ids) are decoded together, the verify rows of all of
 them in one llama_decode per step, each with its own drafter state: the engine's own pieces, as
 `SpecEngine.generate_many` drives them (`SequenceRun` start / `engine._step` / finish). Unlike
@@ -30,11 +35,13 @@ import threading
 import time
 import traceback
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from llamaspec.errors import LlamaspecError, UsageError
 from llamaspec.openai_format import param_of
+from llamaspec.serve.prefill import PrefillBudget
 from llamaspec.serve.prompt_cache import MIN_TOKENS, PromptCache
 from llamaspec.speculative.prefix import common_prefix
 
@@ -43,6 +50,7 @@ if TYPE_CHECKING:
     from llamaspec.speculative.sequence import SequenceRun
 
 MAX_PENDING = 1024   # requests waiting for a slot; beyond it: 503 (the client may retry)
+PREPARING_THREADS = 2   # render + tokenize: milliseconds each, the GIL held for most of it
 _WAKE = object()
 _STOP = object()
 
@@ -95,7 +103,7 @@ class Scheduler:
 
     def __init__(self, generator: "Generator", parallel: int, cache_ram_mib: int = 0, *,
                  timeout: float = float("inf"), on_death: Callable[[], None] | None = None,
-                 shared_drafts: bool = True):
+                 shared_drafts: bool = True, chunked_prefill: bool = True, max_pending: int = MAX_PENDING):
         from llamaspec.serve.metrics import Metrics
 
         self.gen, self.parallel = generator, parallel
@@ -119,9 +127,16 @@ class Scheduler:
         self._inflight = 0
         self._idle = threading.Condition()
         self.draining = False
-        self.timeout, self.on_death = timeout, on_death
+        self.timeout, self.on_death, self.max_pending = timeout, on_death, max_pending
         self.dead: str | None = None   # why the engine thread stopped unexpectedly
         self._thread = threading.Thread(target=self._run, name="llamaspec-engine", daemon=True)
+        self._preparing = ThreadPoolExecutor(PREPARING_THREADS, thread_name_prefix="llamaspec-prepare")
+        # Chunked prefill needs a KV that can hold part of a prompt and rows read per batch:
+        # not a recurrent/hybrid target (rolled back by whole-state checkpoints) nor a drafter fed
+        # by the target's hidden states on every decode (it reads them as one sequence's rows).
+        ctx = self.engine.ctx
+        chunkable = not generator.pipeline.target.needs_checkpoints and not ctx.has_decode_listeners
+        self.prefill = PrefillBudget(ctx.n_batch) if chunked_prefill and chunkable else None
 
     # -- called from the HTTP side (any thread) -------------------------------------------------
     def start(self) -> None:
@@ -130,11 +145,15 @@ class Scheduler:
     def submit(self, job: Job) -> bool:
         """Queue a job; False when the server is draining or the queue is full (answer 503)."""
         with self._idle:   # (put under the lock: a dying engine thread drains the inbox under it too)
-            if self.draining or self.dead or self._inflight >= MAX_PENDING + self.parallel:
+            if self.draining or self.dead or self._inflight >= self.max_pending + self.parallel:
                 return False
             self._inflight += 1
             job.deadline = time.monotonic() + self.timeout
-            self._inbox.put(job)
+            try:
+                self._preparing.submit(self._prepare, job)
+            except RuntimeError:   # stopped: no more preparing
+                self._inflight -= 1
+                return False
         return True
 
     def cancel(self, job: Job) -> None:
@@ -155,6 +174,7 @@ class Scheduler:
     def stop(self) -> None:
         """End the engine thread: sequences still running end now (their clients get what was
         generated), queued requests get 503. The Generator is the caller's again afterwards."""
+        self._preparing.shutdown(wait=True)   # what they prepare reaches the inbox before _STOP
         self._inbox.put(_STOP)
         self._thread.join()
 
@@ -250,12 +270,14 @@ class Scheduler:
             block = False
             if msg is _STOP:
                 return True
-            if isinstance(msg, Job):
-                self._prepare(msg)
+            if isinstance(msg, Job):   # prepared and accepted: it waits for a slot
+                self._pending.append(msg)
 
     def _prepare(self, job: Job) -> None:
-        """Tokenize and validate in the engine thread (the tokenizer is the model's): a bad request
-        is answered at once, a good one waits for a slot."""
+        """In a preparing thread: render the chat template, tokenize and validate (llama.cpp's
+        tokenizer only reads the vocabulary: safe beside the engine's decodes, as llama-server
+        tokenizes in its HTTP threads). A bad request is answered at once, a good one goes to the
+        engine thread to wait for a slot."""
         if job.cancelled:
             return self._finished(job)
         try:
@@ -273,7 +295,11 @@ class Scheduler:
             return self._fail(job, 400, f"the prompt is {len(job.tokens)} tokens, longer than the context of "
                                         f"{n_ctx} tokens per slot", job.field_prompt, "context_length_exceeded")
         job.send(("accepted", len(job.tokens)))
-        self._pending.append(job)
+        with self._idle:   # (a dying engine thread empties the inbox under this lock)
+            if self.dead is None:
+                self._inbox.put(job)
+                return
+        self._fail(job, 500, "internal error: the server's engine stopped (see the server's log)")
 
     def _admit(self) -> None:
         from llamaspec.speculative.sequence import SequenceRun
@@ -289,7 +315,7 @@ class Scheduler:
                 slot, shared = self._pick_slot(job.tokens)
                 self._swap_in(slot, job.tokens, shared)
                 seq = SequenceRun(self.engine, slot, job.tokens, job.config, self._text_sink(job) if job.stream else None)
-                seq.start()
+                seq.start() if self.prefill is None else seq.begin()   # begin: its prompt comes in chunks
             except LlamaspecError as e:   # cannot run (the context): this request fails, the rest go on
                 self._drop(slot, seq)
                 self._fail(job, 400, e.message, job.field_prompt, "context_length_exceeded")
@@ -372,7 +398,7 @@ class Scheduler:
             for job, _ in self._active.values():
                 _fault(job, "step")
                 _fault(job, "engine")
-            self.engine._step(seqs)
+            self._shared_step(seqs)
         except Exception as e:  # noqa: BLE001 - fail the requests of this step, keep serving the next ones
             if not isinstance(e, LlamaspecError):
                 traceback.print_exception(e, file=sys.stderr)
@@ -381,6 +407,24 @@ class Scheduler:
                 self._drop(slot, seq)
                 self._fail(job, 500, f"internal error: {e.message if isinstance(e, LlamaspecError) else type(e).__name__}"
                                      " (the step shared with other requests failed; see the server's log)")
+
+    def _shared_step(self, seqs: list["SequenceRun"]) -> None:
+        """One step of the sequences generating, with the next chunk of the prompts still being
+        evaluated (oldest first) as far as `self.prefill` allows."""
+        generating = [s for s in seqs if not s.prefilling]
+        plan = []
+        if self.prefill is not None:
+            reserved = sum(1 + s.config.draft_max for s in generating)
+            room = self.prefill.tokens(len(generating), reserved)
+            for s in seqs:
+                if s.prefilling and room > 0:
+                    n = min(room, s.prompt_left)
+                    plan.append((s, n))
+                    room -= n
+        t0 = time.perf_counter()
+        self.engine._step(generating, plan)
+        if self.prefill is not None:
+            self.prefill.observe(time.perf_counter() - t0, sum(n for _, n in plan), len(generating))
 
     def _reap(self) -> None:
         """Finish the sequences that are done, or whose client has gone (the slot is free again;

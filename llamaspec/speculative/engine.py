@@ -145,26 +145,36 @@ class SpecEngine:
                 s.abandon()
 
     # -- one step of every active sequence -------------------------------------------------------
-    def _step(self, seqs: list["SequenceRun"]) -> None:
-        """Draft for each sequence, verify all of them in one target batch, keep what was accepted."""
-        budget = self.ctx.n_batch // len(seqs)  # [last] + draft of every sequence fits one batch
+    def _step(self, seqs: list["SequenceRun"], prefill: Sequence[tuple["SequenceRun", int]] = ()) -> None:
+        """Draft for each sequence, verify all of them in one target batch, keep what was accepted.
+
+        prefill: (sequence, n) for sequences still being admitted (`SequenceRun.begin`): their next
+        n prompt tokens ride in the same batch (chunked prefill, as llama-server mixes prompt
+        chunks into its decode batches), so the sequences generating keep going meanwhile."""
+        n_prompt = sum(n for _, n in prefill)
+        # [last] + draft of every sequence, with the prompt chunks, fits one batch
+        budget = (self.ctx.n_batch - n_prompt) // len(seqs) if seqs else 0
         if len(seqs) > 1 and hasattr(self.drafter, "propose_many"):
             segments = self._plan_together(seqs, budget - 1)
         else:
             segments = [s.plan(budget - 1) for s in seqs]
+        chunks = [s.prefill_segment(n) for s, n in prefill]
         tb = time.perf_counter()
-        if len(seqs) == 1:
+        if len(seqs) == 1 and not chunks:
             toks, start, seq_id = segments[0]
             n_out = self.ctx.decode(toks, start, seq_id, outputs="all")
             rows, firsts = self.ctx.logits(n_out), [0]
-        else:
-            firsts = self.ctx.decode_many(segments)
-            rows = self.ctx.logits(sum(len(t) for t, _, _ in segments))
+        else:   # a prompt chunk has one output row, its last token's, once it ends the prompt
+            outs = [len(t) for t, _, _ in segments] + [int(n == s.prompt_left) for s, n in prefill]
+            firsts = self.ctx.decode_many(segments + chunks, outputs=outs)
+            rows = self.ctx.logits(sum(outs))
         verify_s = time.perf_counter() - tb
+        for (s, n), first in zip(prefill, firsts[len(segments):]):
+            s.prefilled(n, rows[first] if n == s.prompt_left else None)
         # One batch for all: each sequence is charged its rows' share of it, in its stats and in
         # what its controller's cost model learns (the whole time, once per sequence, counted it
         # N times over and made a one-token step look N times dearer).
-        total = sum(len(t) for t, _, _ in segments)
+        total = sum(len(t) for t, _, _ in segments) + n_prompt
         for s, first, (toks, _, _) in zip(seqs, firsts, segments):
             s.settle(rows[first:first + len(toks)], verify_s * len(toks) / total)
 

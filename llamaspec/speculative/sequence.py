@@ -111,12 +111,27 @@ class SequenceRun:
         self._draft_s = self._verify_s = 0.0
         self._t_gen = 0.0
         self._clock0 = 0.0
+        self._t0 = 0.0
         self._began = False
+        self.prefilling = False   # begun, first token not sampled yet
 
     def start(self) -> None:
         """Evaluate the prompt (reusing a cached common prefix) and sample the first token."""
+        ctx = self.engine.ctx
+        self.begin()
+        n_out = ctx.decode(self.history[self.n_past:], self.n_past, self.seq_id, outputs="last")
+        self.prefilled(len(self.history) - self.n_past, ctx.logits(n_out)[0])
+
+    # Chunked prefill: begin(), then prefill_segment(n) / prefilled(n, row) in shared steps until
+    # the last chunk brings the first token. start() is the same in one go.
+    def begin(self) -> None:
+        """Reuse the longest cached prefix of the prompt; the rest is left to evaluate
+        (`prompt_left` tokens, from position n_past)."""
         eng, ctx, prompt = self.engine, self.engine.ctx, self.history
-        t0 = time.perf_counter()
+        self._t0 = time.perf_counter()
+        if len(prompt) > ctx.n_ctx_seq:   # as decode would say, before any chunk shares a step
+            raise ContextFullError(f"context full: {len(prompt)} tokens needed, context size is {ctx.n_ctx_seq}",
+                                   "raise --ctx-size or shorten the prompt / -n")
         cached = eng._cached.pop(self.seq_id, [])
         keep = common_prefix(cached, prompt, limit=len(prompt) - 1)  # the last one is evaluated for its logits
         if eng.drafter is not None:  # a drafter fed by the target's hidden states may need some again
@@ -125,13 +140,31 @@ class SequenceRun:
             keep = 0  # nothing shared, or a recurrent memory that cannot be cut: start over
             ctx.seq_rm(self.seq_id, 0, -1)
         self.stats.prompt_cached = keep   # evaluated: n_prompt - keep (a chat's next turn: its new tokens)
-        n_out = ctx.decode(prompt[keep:], keep, self.seq_id, outputs="last")
-        first = eng._sample_plain(self._allowed(ctx.logits(n_out)[0]), prompt, self.params, self.verify_rng)
+        self.n_past = keep
+        self.prefilling = True
+
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens not evaluated yet (0 once the first token is sampled)."""
+        return len(self.history) - self.n_past if self.prefilling else 0
+
+    def prefill_segment(self, n: int) -> tuple[list[int], int, int]:
+        """The batch segment of the next n prompt tokens."""
+        return self.history[self.n_past:self.n_past + n], self.n_past, self.seq_id
+
+    def prefilled(self, n: int, row: np.ndarray | None) -> None:
+        """n more prompt tokens are in the KV; `row`: the last prompt token's logits, once it is."""
+        self.n_past += n
+        if row is None:
+            return
+        eng, ctx, prompt = self.engine, self.engine.ctx, self.history
+        self.prefilling = False
+        first = eng._sample_plain(self._allowed(row), prompt, self.params, self.verify_rng)
         if eng.drafter is not None:
             eng.drafter.begin(self.seq_id, prompt, self.draft_rng)
             self._began = True
         self._t_gen = time.perf_counter()
-        self.stats.prompt_seconds = self._t_gen - t0
+        self.stats.prompt_seconds = self._t_gen - self._t0
         self._clock0 = DecodeClock.seconds
         self.n_past = len(prompt)  # tokens in the target KV; history[-1] is not among them
         self.done = self.config.max_tokens <= 0 or self.out.emit([first], 0, "")
