@@ -72,9 +72,10 @@ def test_debug_after_the_command_shows_the_traceback(run_cli_subprocess, tmp_pat
 
 
 def test_an_empty_pipe_is_no_prompt(run_cli, lone):
-    r = run_cli("run", lone, input="")
-    assert r.exit_code == EXIT_USAGE and r.stdout == ""
-    assert r.stderr.strip() == "error: no prompt: give -p, -f, or text on stdin"
+    for empty in ("", "\n"):   # printf '' | ..., echo | ...
+        r = run_cli("run", lone, input=empty)
+        assert r.exit_code == EXIT_USAGE and r.stdout == ""
+        assert r.stderr.strip() == "error: no prompt: give -p, -f, or text on stdin"
     assert run_cli("run", lone, "-n", "2", "--temp", "0", input="hello").exit_code == 0   # text on stdin still works
 
 

@@ -279,9 +279,10 @@ def _render_pair(r: dict, console) -> None:
 def pair_cmd(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="Target model: GGUF path or Hub reference org/repo:QUANT.")],
     search: Annotated[Optional[list[str]], typer.Option(
-        "--search", "-s", metavar="DIR", help="Also look for drafts under this directory (repeatable).")] = None,
+        "--search", "-s", metavar="DIR", help="Also look for drafts under this directory, first (repeatable).")] = None,
     no_default_dirs: Annotated[bool, typer.Option(
-        "--no-default-dirs", help="Skip the HF cache, LM Studio and Ollama stores; only --search.")] = False,
+        "--no-default-dirs", help="Look only under --search: not beside MODEL, nor in $LLAMASPEC_MODELS_PATH, "
+                                   "the HF cache, LM Studio or Ollama.")] = False,
     show_all: Annotated[bool, typer.Option("--all", help="List every GGUF found, not only plausible ones.")] = False,
     offline: OfflineOpt = False,
     *,

@@ -31,7 +31,7 @@ def read_prompt(prompt: str | None, file: Path | None) -> str:
     if file is not None:
         return read_prompt_file(file)
     text = "" if sys.stdin.isatty() else sys.stdin.read()
-    if not text:   # an empty pipe (`printf '' | llamaspec run M`) is no prompt, not an empty one
+    if not text.strip():   # an empty pipe (`printf '' | llamaspec run M`, `echo |`) is no prompt, not an empty one
         raise UsageError("no prompt: give -p, -f, or text on stdin")
     return text
 
