@@ -134,8 +134,23 @@ def test_no_drafts_says_what_happened():
     assert "too short" in no_drafts_reason("draft-simple", 1, {})
 
 
+def test_bench_names_a_paused_draft_model():
+    """bench's note for a mode that drafted nothing: a draft model was paused; an n-gram mode had
+    nothing to draft from (bench keeps medians, not per-drafter calls)."""
+    from types import SimpleNamespace
+
+    from llamaspec.cli._bench_render import mode_notes
+
+    def mode(name, draft):
+        return SimpleNamespace(mode=name, native=False, identical_to_plain=True, drafted=0, accepted=0, draft=draft)
+
+    notes = mode_notes(SimpleNamespace(summaries=[mode("draft-simple", "q4.gguf"), mode("ngram-mod", None)]))
+    assert notes[0].startswith(f"draft-simple: {PAUSED}") and "nothing to draft" not in notes[0]
+    assert notes[1].startswith("ngram-mod: no drafts (nothing to draft from in this text)")
+
+
 @pytest.mark.real
-def test_a_paused_draft_model_is_named_in_run_and_bench(run_cli, smollm2_f16, smollm2_q4):
+def test_a_paused_draft_model_is_named_in_run(run_cli, smollm2_f16, smollm2_q4):
     """A model drafter the controller never asked: the stats line says it was paused (not that
     there was nothing to draft from). Whether this run pauses depends on measured costs, so the
     check is on whatever happened: drafts, or the paused line."""
