@@ -1,4 +1,5 @@
-"""`--help` of every command: whole option names wrapped at the terminal width, no llama_cpp import."""
+"""`--help` of every command: whole option names wrapped at the terminal width, no llama_cpp import and
+no server stack (fastapi, uvicorn) import."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["run", "chat", "batch", "bench", "pair", "check", "inspect", "models", "pull", "doctor", "tune"]
+COMMANDS = ["run", "chat", "serve", "batch", "bench", "pair", "check", "inspect", "models", "pull", "doctor", "tune"]
 
 _PROBE = """
 import sys
@@ -18,6 +19,7 @@ try:
 except SystemExit:
     pass
 sys.stderr.write("LLAMA_CPP_IMPORTED=%s" % ("llama_cpp" in sys.modules))
+sys.stderr.write(" SERVER_STACK_IMPORTED=%s" % any(m in sys.modules for m in ("fastapi", "uvicorn", "sse_starlette")))
 """
 
 
@@ -29,7 +31,7 @@ def test_help_wraps_whole_option_names_and_imports_no_llama_cpp(command):
     assert "Usage:" in r.stdout, r.stderr
     assert all(len(line) <= 80 for line in r.stdout.splitlines()), r.stdout
     assert "…" not in r.stdout  # no option name cut short
-    assert "LLAMA_CPP_IMPORTED=False" in r.stderr
+    assert "LLAMA_CPP_IMPORTED=False" in r.stderr and "SERVER_STACK_IMPORTED=False" in r.stderr, r.stderr[-2000:]
 
 
 def test_run_help_names_the_ngram_flags_in_full():
