@@ -131,7 +131,8 @@ def _storm() -> list[tuple[str, object, int, str | None]]:
             user="u", metadata={"a": "b"}, store=False)), 200, None),
     ]
     for field, value in WRONG_TYPES.items():
-        cases.append((f"{field} of a wrong type", lambda s, f=field, v=value: _raw(s, _chat_body(**{f: v})), 400, field))
+        cases.append((f"{field} of a wrong type", lambda s, f=field, v=value: _raw(s, _chat_body(**{f: v})),
+                      400, field))
     cases.append(("prompt of a wrong type", lambda s: _raw(s, json.dumps({"prompt": 5}).encode(),
                                                          path="/v1/completions"), 400, "prompt"))
     return cases

@@ -89,7 +89,7 @@ class Metrics:
         metric("requests_processing", "gauge", "Number of requests processing.",
                [("", g.get("requests_processing", 0))])
         metric("requests_deferred", "gauge", "Number of requests deferred.", [("", g.get("requests_deferred", 0))])
-        metric("requests_in_flight", "gauge", "Requests received and not answered yet (queued, deferred or processing).",
+        metric("requests_in_flight", "gauge", "Requests received and not answered yet (queued or processing).",
                [("", g.get("requests_in_flight", 0))])
         return "\n".join(lines) + "\n"
 

@@ -314,7 +314,8 @@ class Scheduler:
                 _fault(job, "admit")
                 slot, shared = self._pick_slot(job.tokens)
                 self._swap_in(slot, job.tokens, shared)
-                seq = SequenceRun(self.engine, slot, job.tokens, job.config, self._text_sink(job) if job.stream else None)
+                on_text = self._text_sink(job) if job.stream else None
+                seq = SequenceRun(self.engine, slot, job.tokens, job.config, on_text)
                 seq.start() if self.prefill is None else seq.begin()   # begin: its prompt comes in chunks
             except LlamaspecError as e:   # cannot run (the context): this request fails, the rest go on
                 self._drop(slot, seq)
@@ -405,8 +406,9 @@ class Scheduler:
             for slot, (job, seq) in list(self._active.items()):
                 del self._active[slot]
                 self._drop(slot, seq)
-                self._fail(job, 500, f"internal error: {e.message if isinstance(e, LlamaspecError) else type(e).__name__}"
-                                     " (the step shared with other requests failed; see the server's log)")
+                what = e.message if isinstance(e, LlamaspecError) else type(e).__name__
+                self._fail(job, 500, f"internal error: {what} (the step shared with other requests failed; "
+                                     "see the server's log)")
 
     def _shared_step(self, seqs: list["SequenceRun"]) -> None:
         """One step of the sequences generating, with the next chunk of the prompts still being
