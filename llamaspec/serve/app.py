@@ -65,14 +65,15 @@ async def read_json(request: Request, limit: int) -> Any:
         if size > limit:
             raise ApiError(413, f"the request body is over the limit of {limit:,} bytes", code="request_too_large")
         chunks.append(chunk)
+    too_deep = ApiError(400, f"the request body nests arrays and objects more than {MAX_DEPTH} deep")
     try:
         body = json.loads(b"".join(chunks), parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-    except RecursionError:
-        body = None
-    if body is None or _too_deep(body, MAX_DEPTH):
-        raise ApiError(400, f"the request body nests arrays and objects more than {MAX_DEPTH} deep") from None
+    except RecursionError:   # (past Python's own limit, about 1000)
+        raise too_deep from None
+    if _too_deep(body, MAX_DEPTH):
+        raise too_deep
     return body
 
 
