@@ -16,6 +16,7 @@ import pytest
 
 from llamaspec import Generator
 
+HANG_GUARD_S = 120   # a hang guard, not a speed bound: a child reaching an awaited record
 PROMPTS = [f"Write about topic number {i}: rivers, stones and {i} birds." for i in range(30)]
 
 
@@ -115,7 +116,7 @@ def test_killed_and_resumed_job_has_every_id_once_and_the_uninterrupted_text(tin
         if attempt < 5:
             # wait for a few more records, then kill within the next moments: mid-record or between
             target = n_lines() + rng.randint(1, 4)
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + HANG_GUARD_S
             while p.poll() is None and n_lines() < target and time.monotonic() < deadline:
                 time.sleep(0.005)
             time.sleep(rng.uniform(0.0, 0.05))

@@ -51,8 +51,8 @@ def _lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-def _wait_for_lines(p: subprocess.Popen, path: Path, n: int, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
+def _wait_for_lines(p: subprocess.Popen, path: Path, n: int) -> None:
+    deadline = time.monotonic() + 2 * HANG_GUARD_S   # two Ray workers starting on a busy machine
     while p.poll() is None and _lines(path) < n and time.monotonic() < deadline:
         time.sleep(0.02)
 

@@ -16,6 +16,7 @@ import pytest
 
 from child_process import default_signals
 
+HANG_GUARD_S = 120   # a hang guard, not a speed bound: a child reaching an awaited record
 REPO = Path(__file__).resolve().parents[1]
 FAST = ("--temp", "0", "-t", "1")
 
@@ -46,8 +47,8 @@ def _start(*args, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals, **kw)
 
 
-def _wait_for_records(p: subprocess.Popen, out: Path, n: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
+def _wait_for_records(p: subprocess.Popen, out: Path, n: int) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
     while p.poll() is None and time.monotonic() < deadline:
         if out.exists() and out.read_bytes().count(b"\n") >= n:
             return

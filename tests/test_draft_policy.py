@@ -5,6 +5,7 @@ and greedy generation identical to plain decoding through Generator on tiny and 
 from __future__ import annotations
 
 import doctest
+from pathlib import Path
 
 import pytest
 
@@ -249,12 +250,28 @@ def _generate(model, spec: str, prompt: str, n: int, **kw):
         return g.generate(prompt)
 
 
+def _judge(model, prompt: str, plain, got, eps: float, label: str, chat: bool = True) -> str:
+    """Lossless as the engine tests judge it: the same tokens, or first different at a near-tie of
+    the target (drafting verifies in batches of another shape than plain decoding)."""
+    from engine_helpers import assert_lossless, prompt_tokens
+    from llamaspec.runtime.llama import Model
+
+    m = Model(Path(model))
+    try:
+        ids = prompt_tokens(m, prompt) if chat else m.tokenize_prompt(prompt)
+        assert len(ids) == plain.n_prompt   # the judge sees the prompt the Generator evaluated
+        return assert_lossless(m, ids, plain.tokens, got.tokens, eps, label)
+    finally:
+        m.close()
+
+
 def test_lossless_on_a_tiny_model(tiny_models):
     prompt = "one two three four five six seven eight nine ten " * 6
     plain = _generate(tiny_models["target"], "none", prompt, 48, chat=False)
     spec = _generate(tiny_models["target"], "prompt-lookup", prompt, 48, chat=False)
     fixed = _generate(tiny_models["target"], "prompt-lookup", prompt, 48, chat=False, adaptive=False)
-    assert spec.tokens == plain.tokens == fixed.tokens
+    for label, got in (("adaptive", spec), ("fixed", fixed)):
+        print(_judge(tiny_models["target"], prompt, plain, got, 1e-3, label, chat=False))
     assert fixed.stats["drafted"] > 0
 
 
@@ -263,7 +280,7 @@ def test_lossless_on_smollm2_rewriting_a_function(smollm2_f16):
     """The real target copying a function it renames: long drafts, the target's own tokens."""
     plain = _generate(smollm2_f16, "none", HUMANEVAL_STYLE, 120)
     spec = _generate(smollm2_f16, "prompt-lookup", HUMANEVAL_STYLE, 120)
-    assert spec.tokens == plain.tokens
+    print(_judge(smollm2_f16, HUMANEVAL_STYLE, plain, spec, 0.25, "prompt-lookup"))
     assert spec.stats["accepted"] >= 40 and spec.stats["steps"] < len(plain.tokens) / 2
 
 

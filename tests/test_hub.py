@@ -475,3 +475,17 @@ def test_an_endpoint_that_is_not_a_hub(hub, hub_home, monkeypatch):
     err = hub_error(H.pull, "org/main:Q8_0")
     assert err.message == f"{hub.url}/not-a-hub answered HTTP 404 for org/main:Q8_0"
     assert err.hint == "check HF_ENDPOINT and proxy settings"
+
+
+def test_the_installed_huggingface_hub_is_the_one_the_local_hub_emulates():
+    """tests/hub_server.py speaks huggingface_hub 2.4's protocol; pyproject pins that range so a
+    user never runs a version these tests did not cover."""
+    import re
+
+    import huggingface_hub
+    from packaging.requirements import Requirement
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()   # (tomllib: 3.11+)
+    (req,) = [Requirement(d) for d in re.findall(r'^\s*"(huggingface-hub[^"]*)"', pyproject, re.M)]
+    assert huggingface_hub.__version__ in req.specifier, (huggingface_hub.__version__, str(req.specifier))
+    assert str(req.specifier) in (">=2.4,<2.5", "<2.5,>=2.4"), "widen only with the local Hub checked on the new range"

@@ -295,34 +295,6 @@ def test_auto_falls_back_to_ngram_offline(tiny_models, tmp_path, isolated_home, 
     assert dry.would_download and dry.label == "test-org/tiny-draft-GGUF:F32" and dry.path is None
 
 
-def test_auto_downloads_the_registry_draft(tiny_models, tmp_path, isolated_home, monkeypatch):
-    from llamaspec import hub as hub_mod
-
-    monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(tmp_path / "pairings"))
-    _tiny_registry(tmp_path / "pairings", {"repo": "test-org/tiny-draft-GGUF", "quant": "F32"})
-    calls = []
-
-    def fake_header(ref, offline=False):
-        calls.append(("header", ref))
-        return read_file(tiny_models["draft"] if ref.startswith("test-org/") else ref)
-
-    def fake_resolve(ref, offline=False):
-        calls.append(("resolve", ref))
-        return tiny_models["draft"]
-
-    monkeypatch.setattr(hub_mod, "read_model_header", fake_header)
-    monkeypatch.setattr(hub_mod, "resolve_model", fake_resolve)
-    c = autodraft.choose_draft(str(tiny_models["target"]))
-    assert (c.kind, c.source, c.path) == ("draft-simple", "registry", tiny_models["draft"])
-    assert calls[-2:] == [("header", "test-org/tiny-draft-GGUF:F32"), ("resolve", "test-org/tiny-draft-GGUF:F32")]
-    # A registry draft whose real header does not match is never downloaded.
-    monkeypatch.setattr(hub_mod, "read_model_header", lambda ref, offline=False: read_file(
-        tiny_models["variant_token_text"] if ref.startswith("test-org/") else ref))
-    calls.clear()
-    c = autodraft.choose_draft(str(tiny_models["target"]))
-    assert c.kind == "prompt-lookup" and "does not match" in c.reason and not [x for x in calls if x[0] == "resolve"]
-
-
 def test_auto_uses_a_registry_draft_from_an_installed_package(tiny_models, tmp_path, isolated_home, monkeypatch):
     site = tmp_path / "site"
     _link(tiny_models["draft"], site / "tinypkg" / "tiny-draft.gguf")
@@ -379,6 +351,20 @@ def test_auto_downloads_the_registry_draft_from_the_hub(tiny_models, tmp_path, h
     hub.stop()
     again = autodraft.choose_draft(str(tiny_models["target"]), offline=True)
     assert (again.kind, again.source) == ("draft-simple", "disk") and again.path.resolve() == c.path.resolve()
+
+
+def test_a_registry_draft_whose_header_does_not_match_is_never_downloaded(tiny_models, tmp_path, hub, hub_home,
+                                                                          monkeypatch):
+    """The real resolver against the local Hub: the draft's header is read (ranged), found not to
+    fit the target, and the file is never fetched."""
+    monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(tmp_path / "pairings"))
+    hub.add_repo("org/mismatch", {"mismatch-Q4_K_M.gguf": Path(tiny_models["variant_token_text"]).read_bytes()})
+    _tiny_registry(tmp_path / "pairings", {"repo": "org/mismatch", "quant": "Q4_K_M"})
+    c = autodraft.choose_draft(str(tiny_models["target"]), default_dirs=False)
+    assert c.kind == "prompt-lookup" and "does not match" in c.reason, c.reason
+    reads = [g for g in hub.matching("GET") if "/resolve/" in g.path and "mismatch-Q4_K_M.gguf" in g.path]
+    assert reads and all(g.range for g in reads), [(g.path, g.range) for g in reads]   # the header only
+    assert not list(Path(hub_home["HF_HUB_CACHE"]).rglob("*.gguf"))
 
 
 def test_auto_survives_an_unreachable_hub(tiny_models, tmp_path, hub_home, hub, monkeypatch):

@@ -23,6 +23,7 @@ import pytest
 from child_process import default_signals
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+HANG_GUARD_S = 180   # a hang guard, not a speed bound: a server start or an awaited event on a busy machine
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 
@@ -65,7 +66,7 @@ class Server:
                 [sys.executable, "-m", "llamaspec", "serve", str(model), "--port", str(self.port), "-t", "1",
                  "-c", "1024", "--temp", "0", *args], stdout=log, stderr=subprocess.STDOUT, env=full_env,
                 preexec_fn=default_signals)
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + HANG_GUARD_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"server exited {self.proc.returncode}: {self.log.read_text()}")
@@ -123,13 +124,15 @@ def test_models_and_chat(server, smollm2_q4):
     assert {"prompt_ms", "predicted_ms", "predicted_per_second", "draft_n", "draft_n_accepted"} <= set(t)
 
 
-def test_streaming_chat_joins_to_the_non_streamed_text(server):
+def test_streaming_chat_joins_to_the_non_streamed_text(server, smollm2_q4):
     client = server.client()
     plain = _chat(client, "Write one sentence about the sea.", max_tokens=40)
     chunks = list(_chat(client, "Write one sentence about the sea.", max_tokens=40, stream=True,
                         stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == plain.choices[0].message.content
+    # the second request reuses the first's cached prompt (another batch shape): same text or a near-tie
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    print(_near_tie(smollm2_q4, "Write one sentence about the sea.", plain.choices[0].message.content, streamed))
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finals == [plain.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
@@ -142,13 +145,14 @@ def test_streaming_chat_joins_to_the_non_streamed_text(server):
     assert json.loads(events[0][6:])["object"] == "chat.completion.chunk"
 
 
-def test_completions(server):
+def test_completions(server, smollm2_q4):
     client = server.client()
     r = client.completions.create(model="x", prompt="1, 2, 3, 4, 5,", max_tokens=12)
     assert r.object == "text_completion" and r.choices[0].text.startswith(" 6, 7")
     assert r.usage.completion_tokens == 12 and r.choices[0].finish_reason == "length"
     streamed = list(client.completions.create(model="x", prompt="1, 2, 3, 4, 5,", max_tokens=12, stream=True))
-    assert "".join(c.choices[0].text for c in streamed) == r.choices[0].text
+    print(_near_tie(smollm2_q4, "1, 2, 3, 4, 5,", r.choices[0].text, "".join(c.choices[0].text for c in streamed),
+                    raw=True))
 
 
 def test_bad_requests_are_400_naming_the_field_and_the_server_goes_on(server):
@@ -202,9 +206,10 @@ def test_concurrent_greedy_clients_get_what_each_gets_alone(server, smollm2_q4):
     print("\n".join(notes))
 
 
-def _near_tie(model_path: Path, prompt: str, alone: str, together: str, eps: float = 1.1) -> str:
+def _near_tie(model_path: Path, prompt: str, alone: str, together: str, eps: float = 1.1, raw: bool = False) -> str:
     """Identical text, or a flip where the target's top-2 logit gap is below eps (Q4_1's batch
-    noise, tests/engine_helpers.py); the first differing token and its gap are named."""
+    noise, tests/engine_helpers.py); the first differing token and its gap are named. raw: the
+    prompt is a completion's text, not a chat message."""
     if alone == together:
         return f"{prompt[:20]!r}: identical"
     from engine_helpers import first_divergence, top2_gap
@@ -212,7 +217,7 @@ def _near_tie(model_path: Path, prompt: str, alone: str, together: str, eps: flo
 
     m = Model(model_path)
     try:
-        ids = m.tokenize_prompt(m.chat_prompt([{"role": "user", "content": prompt}]))
+        ids = m.tokenize_prompt(prompt if raw else m.chat_prompt([{"role": "user", "content": prompt}]))
         a, b = (m.tokenize(t, add_special=False, parse_special=False) for t in (alone, together))
         i = first_divergence(a, b)
         gap = top2_gap(m, ids, a[:i])
@@ -264,10 +269,11 @@ def test_api_key(smollm2_q4, tmp_path):
         assert s.stop() == 0
 
 
-def _wait_for(cond, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+def _wait_for(cond, what: str) -> None:
+    """Poll until `cond` holds (an event the server shows); the hang guard fails a test that waits forever."""
+    deadline = time.monotonic() + HANG_GUARD_S
     while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"no {what} within the hang guard ({HANG_GUARD_S} s)"
         time.sleep(0.1)
 
 
@@ -309,9 +315,13 @@ def test_client_disconnect_mid_stream_frees_the_slot(smollm2_q4, tmp_path):
         m = s.metrics()
         assert m["llamaspec:requests_cancelled_total"] == 1
         assert m["llamaspec:tokens_predicted_total"] < 300, m   # the first stopped far from 900
-        # the same for a request that does not stream: a client that gives up frees the slot
-        with pytest.raises(openai.APITimeoutError):
-            s.client(timeout=3).completions.create(model="x", prompt="1, 2, 3, 4, 5,", max_tokens=900)
+        # the same for a request that does not stream: a client that gives up (once its request is
+        # being answered: the event, not a client timeout that a fast machine would outrun) frees the slot
+        body = json.dumps({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 900}).encode()
+        with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            _wait_for(lambda: s.metrics()["llamaspec:requests_processing"] == 1, "the request to start")
         r = s.client(timeout=60).completions.create(model="x", prompt="1, 2,", max_tokens=4)
         assert r.usage.completion_tokens == 4
         m = s.metrics()
@@ -344,7 +354,8 @@ def test_a_prompt_that_left_its_slot_is_restored_from_the_ram_cache(smollm2_q4, 
     assert reused.model_extra["timings"]["prompt_n"] == 1
     if cache_ram == "0":
         assert t["prompt_n"] > again.usage.prompt_tokens // 2, t   # only a short prefix shared with B
-        assert again.choices[0].text == first.choices[0].text
+        # evaluated after B's shared prefix, not whole as the first time: same text or a near-tie
+        print(_near_tie(smollm2_q4, a, first.choices[0].text, again.choices[0].text, raw=True))
     else:
         assert t["prompt_n"] == 1, t
         assert again.choices[0].text == reused.choices[0].text
