@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
-from llamaspec.errors import GenerationInterrupted, LlamaspecError, UsageError  # noqa: F401 (API)
+from llamaspec.errors import ContextFullError, GenerationInterrupted, LlamaspecError, UsageError  # noqa: F401 (API)
 from llamaspec.openai_api import OpenAIMethods
 
 if TYPE_CHECKING:
@@ -74,6 +74,20 @@ class Request:
                 "presence_penalty", "frequency_penalty")
 
 
+REQUEST_FIELDS = frozenset(f for f in Request.__dataclass_fields__ if f != "prompt")
+
+
+class PromptTooLong(UsageError, ContextFullError):
+    """A prompt longer than the context: the one-line error `llamaspec run` prints (a UsageError;
+    a ContextFullError too, for scripts that caught the engine's)."""
+
+
+def prompt_too_long(n_prompt: int, n_ctx: int, given: int | None) -> PromptTooLong:
+    asked = "" if given is None or given == n_ctx else f" (-c {given}, rounded up by llama.cpp)"
+    return PromptTooLong(f"the prompt is {n_prompt:,} tokens, longer than the context of {n_ctx:,} tokens{asked}",
+                         f"raise -c/--ctx-size (ctx_size) to at least {n_prompt + 1:,}, or shorten the prompt")
+
+
 def finish_reason(stop_reason: str) -> str:
     """OpenAI's finish_reason for an engine stop reason ("eos" and stop strings are both "stop")."""
     return {"eos": "stop", "stop": "stop"}.get(stop_reason, stop_reason)
@@ -85,10 +99,14 @@ class Generator(OpenAIMethods):
     model: a GGUF path or Hub reference (None: the bundled SmolLM2). draft: a path, Hub reference,
     "auto" or None. spec_type: llama.cpp's --spec-type value ("ngram-mod", "draft,ngram-simple").
     Sampling (temperature 0 = greedy), max_tokens and stop are defaults that each request may
-    override. Everything else is fixed for the Generator's life (models load once). tuned: apply
+    override; max_tokens None (the default) or -1: until end-of-generation or a full context. Everything else is fixed for the Generator's life (models load once). tuned: apply
     the configuration `llamaspec tune` stored for these files (settings given here win, one by one).
     n_gpu_layers / n_gpu_layers_draft: layers on the GPU, -1 all; None (default) offloads what fits
     in device memory, as llama.cpp does (`self.pipeline.offload` says what was chosen and why).
+
+    One generation at a time uses the models (llamaspec/context_owner.py): a call from another
+    thread waits for the running one (or open stream) to end; a second open stream in the same
+    thread is a UsageError. After close(), every call and every open stream raises UsageError.
     """
 
     def __init__(self, model: str | Path | None = None, *, draft: str | Path | None = None,
@@ -99,7 +117,7 @@ class Generator(OpenAIMethods):
                  temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  repeat_penalty: float = 1.0, repeat_last_n: int = 64, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, seed: int | None = None,
-                 max_tokens: int = 256, stop: Sequence[str] = (), chat: bool | None = None,
+                 max_tokens: int | None = None, stop: Sequence[str] = (), chat: bool | None = None,
                  system: str | None = None, offline: bool = False, force_draft: bool = False,
                  search: Sequence[Path] = (), tuned: bool = True, spec_replace: Sequence[tuple[str, str]] = ()):
         from llamaspec.generation_options import GenerationOptions
@@ -166,6 +184,9 @@ class Generator(OpenAIMethods):
         self.max_tokens, self.stop = o.max_tokens, list(o.stop)
         self.chat, self.system = o.chat, o.system
         self.pipeline = load_pipeline(r.target_path, self.options, self.sampling)
+        from llamaspec.context_owner import ContextOwner
+
+        self._owner = ContextOwner(self.pipeline.close)
 
     # -- what was loaded -----------------------------------------------------------------------
     @property
@@ -187,7 +208,7 @@ class Generator(OpenAIMethods):
 
     @property
     def n_ctx(self) -> int:
-        return self.pipeline.ctx.n_ctx // max(1, self.options.n_seq)
+        return self._pipeline().ctx.n_ctx // max(1, self.options.n_seq)
 
     def describe(self) -> dict[str, Any]:
         """Model, draft and settings: what a batch job's resume check compares."""
@@ -203,9 +224,12 @@ class Generator(OpenAIMethods):
     # -- generating ----------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Prompt tokens as `run` makes them: the chat template by default when the model has one."""
+        with self._owner.locked():   # close() does not free the model under the tokenizer
+            return self._tokenize(self._pipeline().target, prompt, chat)
+
+    def _tokenize(self, target, prompt: Prompt, chat: bool | None) -> list[int]:
         from llamaspec.openai_format import parse_messages   # the one message parser (server, batch too)
 
-        target = self._pipeline().target
         if isinstance(prompt, Request):
             raise UsageError("tokenize takes the prompt, not a Request", "pass request.prompt")
         if not isinstance(prompt, str) and not isinstance(prompt, (list, tuple)):
@@ -234,31 +258,54 @@ class Generator(OpenAIMethods):
         sampling = replace(self.sampling, **overrides) if overrides else self.sampling
         max_tokens = self.max_tokens if req.max_tokens is None else check_max_tokens(req.max_tokens)
         stop = list(self.stop if req.stop is None else check_stop(req.stop))
-        return self.pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop,
+        return self._pipeline().config(max_tokens=max_tokens, sampling=sampling, stop=stop,
                                    ignore_eos=bool(req.ignore_eos))
 
+    def _prepare(self, req: Request):
+        """(tokens, config) of a request, or the UsageError that says why it cannot run."""
+        tokens, config = self.tokenize(req.prompt, req.chat), self._config(req)
+        if len(tokens) > self.n_ctx:
+            raise prompt_too_long(len(tokens), self.n_ctx, self.options.n_ctx)
+        return tokens, config
+
     def generate(self, prompt: Prompt | Request, *, on_text: Callable[[str, bool, str], None] | None = None,
-                 should_stop: Callable[[], bool] | None = None, stream: bool = False) -> "Result | TextStream":
+                 should_stop: Callable[[], bool] | None = None, stream: bool = False,
+                 **fields: Any) -> "Result | TextStream":
         """One generation. on_text(piece, from_draft, drafter) streams the text as it comes.
         stream=True returns a `TextStream` instead: iterate it for the text pieces, then read its
-        `result` (llamaspec/streaming.py)."""
+        `result` (llamaspec/streaming.py). Keywords are a `Request`'s (max_tokens, temperature,
+        seed, stop, ...): `generate("Hi", temperature=0, max_tokens=8)`; with a Request they
+        override its fields. A prompt longer than the context is a UsageError (PromptTooLong)."""
+        unknown = sorted(set(fields) - REQUEST_FIELDS)
+        if unknown:
+            raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}")
         req = prompt if isinstance(prompt, Request) else Request(prompt)
-        tokens, config = self.tokenize(req.prompt, req.chat), self._config(req)
+        req = replace(req, **fields) if fields else req
+        tokens, config = self._prepare(req)
         if stream:
             from llamaspec.streaming import TextStream
 
             if should_stop is not None:
                 raise UsageError("should_stop is for generate without stream", "stop iterating the stream instead")
             return TextStream(self._pipeline().engine, tokens, config, lambda g: self._result(req.id or "0", g),
-                              on_text)
-        asked = []   # should_stop said stop: a normal end, not an interrupt
+                              on_text, owner=self._owner)
+        asked, closed = [], []   # should_stop said stop: a normal end, not an interrupt
 
         def stop() -> bool:
-            if should_stop is not None and should_stop():
+            if self._owner.closed:   # close() from another thread: end at this step
+                closed.append(True)
+            elif should_stop is not None and should_stop():
                 asked.append(True)
-            return bool(asked)
+            return bool(asked or closed)
 
-        gen = self._pipeline().engine.generate(tokens, config, on_text=on_text, should_stop=stop)
+        engine = self._pipeline().engine
+        self._owner.acquire()
+        try:
+            gen = engine.generate(tokens, config, on_text=on_text, should_stop=stop)
+        finally:
+            self._owner.release()
+        if closed:
+            self._owner.check()
         result = self._result(req.id or "0", gen)
         if gen.stop_reason == "interrupted" and not asked:   # the engine caught a KeyboardInterrupt
             raise GenerationInterrupted(result)
@@ -270,10 +317,11 @@ class Generator(OpenAIMethods):
         the request's id, else its index). parallel: sequences decoded together in one context
         (at most the Generator's `parallel`). A prompt that cannot run (too long for the context, a
         chat template error) gives a Result with `error` set, and the others go on."""
-        self._pipeline()
+        engine = self._pipeline().engine
         n = self.options.n_seq if parallel is None else parallel
-        if not 1 <= n <= self.options.n_seq:
-            raise UsageError(f"parallel must be between 1 and {self.options.n_seq} (the Generator's parallel)")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.options.n_seq:
+            raise UsageError(f"parallel must be between 1 and {self.options.n_seq} (the Generator's parallel), "
+                             f"not {n!r}")
 
         failed: list[Result] = []  # prompts that could not be tokenized, reported in turn
 
@@ -282,19 +330,29 @@ class Generator(OpenAIMethods):
                 req = p if isinstance(p, Request) else Request(p)
                 key = req.id if req.id is not None else str(i)
                 try:
-                    yield key, self.tokenize(req.prompt, req.chat), self._config(req)
+                    yield (key, *self._prepare(req))
                 except LlamaspecError as e:
                     failed.append(self._failure(key, e))
 
+        def stop() -> bool:
+            return self._owner.closed or (should_stop is not None and should_stop())
+
+        runs = engine.generate_many(jobs(), parallel=n, should_stop=stop)
+        self._owner.acquire()   # held across the yields: the sequences stay in the context meanwhile
         try:
-            for key, gen in self._pipeline().engine.generate_many(jobs(), parallel=n, should_stop=should_stop):
+            for key, gen in runs:
                 yield from failed
                 failed.clear()
                 yield self._failure(key, gen) if isinstance(gen, LlamaspecError) else self._result(key, gen)
+                self._owner.check()
         except GenerationInterrupted:
             raise
         except KeyboardInterrupt as e:   # every finished result was yielded; the rest are dropped
             raise GenerationInterrupted(None) from e
+        finally:
+            runs.close()   # its clean-up uses the context: before release() may free it
+            self._owner.release()
+        self._owner.check()
         yield from failed
 
     @staticmethod
@@ -314,15 +372,21 @@ class Generator(OpenAIMethods):
 
     # -- life cycle ----------------------------------------------------------------------------
     def _pipeline(self):
-        if getattr(self, "pipeline", None) is None:
-            raise UsageError("this Generator is closed", "make a new Generator (models are freed by close())")
+        from llamaspec.context_owner import CLOSED
+
+        if getattr(self, "pipeline", None) is None or self._owner.closed:
+            raise UsageError(*CLOSED)
         return self.pipeline
 
     def close(self) -> None:
-        """Free the contexts and models now (idempotent)."""
-        pipe, self.pipeline = getattr(self, "pipeline", None), None
-        if pipe is not None:
-            pipe.close()
+        """Free the contexts and models (idempotent): now, or when the generation that holds them
+        ends (an open stream, another thread's call); from now on every use raises UsageError."""
+        owner = getattr(self, "_owner", None)
+        if owner is not None:
+            owner.close()
+        elif getattr(self, "pipeline", None) is not None:   # (a load that failed half way)
+            self.pipeline.close()
+        self.pipeline = None
 
     def __enter__(self) -> "Generator":
         return self

@@ -8,9 +8,13 @@ same builders, llamaspec/openai_format.py), or with `stream=True` an iterator of
         for chunk in llm.create_chat_completion(messages, stream=True):
             print(chunk["choices"][0]["delta"].get("content", ""), end="")
 
-Sampling arguments left out (or None) take the Generator's settings, not llama-cpp-python's own
-defaults. Arguments that would change the output and are not implemented (n > 1, logprobs, tools,
-response_format other than text, ...) raise a UsageError naming them, as the server answers 400.
+Arguments are llama-cpp-python's and OpenAI's (`stream_options`, `max_completion_tokens`); a keyword
+neither has is a TypeError (a typo such as `max_token=5` is not silently dropped). Sampling
+arguments left out (or None) take the Generator's settings, not llama-cpp-python's own defaults
+(max_tokens left out: no limit unless the Generator sets one). Arguments that would change the
+output and are not implemented (n > 1, logprobs, tools, response_format other than text,
+mirostat_mode != 0, tfs_z != 1, typical_p != 1, grammar, logits_processor, stopping_criteria, ...)
+raise a UsageError naming them, as the server answers 400; their neutral values pass.
 """
 
 from __future__ import annotations
@@ -21,23 +25,50 @@ from llamaspec import openai_format as oa
 
 
 class OpenAIMethods:
-    """Mixed into `Generator`; needs its `generate`, `_request` and `model_name`."""
+    """Mixed into `Generator`; needs its `generate`, `_request` and `model_name`.
 
-    def create_chat_completion(self, messages: list[dict], *, stream: bool = False,
-                               stream_options: dict | None = None, **fields: Any) -> dict | Iterator[dict]:
+    The signatures are llama-cpp-python's (same names, same positional order), plus OpenAI's
+    names after the `*`; a keyword neither knows is a TypeError, as in llama-cpp-python."""
+
+    def create_chat_completion(
+            self, messages: list[dict], functions: list | None = None, function_call: Any = None,
+            tools: list | None = None, tool_choice: Any = None, temperature: float | None = None,
+            top_p: float | None = None, top_k: int | None = None, min_p: float | None = None,
+            typical_p: float | None = None, stream: bool = False, stop: str | list[str] | None = None,
+            seed: int | None = None, response_format: dict | None = None, max_tokens: int | None = None,
+            presence_penalty: float | None = None, frequency_penalty: float | None = None,
+            repeat_penalty: float | None = None, tfs_z: float | None = None, mirostat_mode: int | None = None,
+            mirostat_tau: float | None = None, mirostat_eta: float | None = None, model: str | None = None,
+            logits_processor: Any = None, grammar: Any = None, logit_bias: dict | None = None,
+            logprobs: bool | None = None, top_logprobs: int | None = None, *,
+            stream_options: dict | None = None, max_completion_tokens: int | None = None, n: int | None = None,
+            user: str | None = None, metadata: dict | None = None, store: bool | None = None,
+            parallel_tool_calls: bool | None = None, service_tier: str | None = None,
+            modalities: list | None = None, audio: Any = None, prediction: Any = None,
+            reasoning_effort: str | None = None, web_search_options: Any = None) -> dict | Iterator[dict]:
         """A `chat.completion` dict (or, with stream=True, `chat.completion.chunk` dicts)."""
-        body = {**_drop_none(fields), "messages": messages, "stream": stream, "stream_options": stream_options}
-        return self._openai(oa.parse_chat(body))
+        args = dict(locals())
+        return self._openai(oa.parse_chat(_body(args, "messages")))
 
-    def create_completion(self, prompt: str, *, stream: bool = False, stream_options: dict | None = None,
-                          **fields: Any) -> dict | Iterator[dict]:
-        """A `text_completion` dict for raw text (no chat template), or its chunks with stream=True."""
-        body = {**_drop_none(fields), "prompt": prompt, "stream": stream, "stream_options": stream_options}
-        return self._openai(oa.parse_completion(body))
+    def create_completion(
+            self, prompt: str, suffix: str | None = None, max_tokens: int | None = None,
+            temperature: float | None = None, top_p: float | None = None, min_p: float | None = None,
+            typical_p: float | None = None, logprobs: int | None = None, echo: bool | None = None,
+            stop: str | list[str] | None = None, frequency_penalty: float | None = None,
+            presence_penalty: float | None = None, repeat_penalty: float | None = None, top_k: int | None = None,
+            stream: bool = False, seed: int | None = None, tfs_z: float | None = None,
+            mirostat_mode: int | None = None, mirostat_tau: float | None = None, mirostat_eta: float | None = None,
+            model: str | None = None, stopping_criteria: Any = None, logits_processor: Any = None,
+            grammar: Any = None, logit_bias: dict | None = None, *, stream_options: dict | None = None,
+            max_completion_tokens: int | None = None, n: int | None = None, best_of: int | None = None,
+            user: str | None = None) -> dict | Iterator[dict]:
+        """A `text_completion` dict for raw text (no chat template), or its chunks with stream=True.
+        max_tokens left out: the Generator's (no limit by default; llama-cpp-python's 16 is not copied)."""
+        args = dict(locals())
+        return self._openai(oa.parse_completion(_body(args, "prompt")))
 
-    def __call__(self, prompt: str, **kwargs: Any) -> dict | Iterator[dict]:
-        """As llama-cpp-python's `Llama.__call__`: `create_completion`."""
-        return self.create_completion(prompt, **kwargs)
+    # As llama-cpp-python's `Llama.__call__`: `create_completion`, with its signature.
+    __call__ = create_completion
 
     def _openai(self, parsed: "oa.Parsed") -> dict | Iterator[dict]:
         req = self._request(parsed.fields)
@@ -64,5 +95,28 @@ class OpenAIMethods:
             yield end(id=rid, model=model, created=created, usage=oa.result_usage(result))
 
 
-def _drop_none(fields: dict) -> dict:
-    return {k: v for k, v in fields.items() if v is not None}
+# llama-cpp-python's arguments that would change the output and are not implemented, with the test
+# of the values that ask for nothing (its defaults pass: a call written for it keeps working).
+LLAMA_CPP_PYTHON_UNSUPPORTED = {
+    "tfs_z": lambda v: v == 1, "mirostat_mode": lambda v: v == 0 and not isinstance(v, bool),
+    "logits_processor": lambda v: not v, "stopping_criteria": lambda v: not v, "grammar": lambda v: v is None,
+    "reasoning_effort": lambda v: v is None, "web_search_options": lambda v: v is None,   # (OpenAI's)
+}
+NEUTRAL = {"tfs_z": "1.0", "mirostat_mode": "0"}
+# Python objects, not JSON values: checked here, never put in the request body.
+OBJECTS = ("logits_processor", "stopping_criteria", "grammar")
+
+
+def _body(args: dict[str, Any], first: str) -> dict[str, Any]:
+    """The OpenAI request body of a call's arguments (None: left out), after the checks of the
+    arguments only llama-cpp-python has (RequestError naming the argument)."""
+    args.pop("self")
+    for name, neutral in LLAMA_CPP_PYTHON_UNSUPPORTED.items():
+        if args.get(name) is not None and not neutral(args[name]):
+            shown = type(args[name]).__name__ if name in OBJECTS else repr(args[name])[:40]
+            raise oa.RequestError(f"{name} is not supported (got {shown}): llamaspec samples with penalties, "
+                                  f"top_k, top_p, min_p and temperature only; leave it out"
+                                  + (f" or pass {NEUTRAL[name]}" if name in NEUTRAL else ""), name)
+    body = {k: v for k, v in args.items() if v is not None and k not in LLAMA_CPP_PYTHON_UNSUPPORTED}
+    body.setdefault(first, None)   # (present, so the parser names it when it is None)
+    return body

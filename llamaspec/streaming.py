@@ -8,22 +8,28 @@ and Ctrl-C must reach the loop that is generating).
     print(stream.result.stats["acceptance"])
 
 Breaking out of the loop ends the generation (finish_reason "interrupted" on `result`) and keeps
-the sequence's KV cache consistent for the next call.
+the sequence's KV cache consistent for the next call. The stream owns the Generator's contexts from
+its first piece to its end (llamaspec/context_owner.py): a stream iterated after `Generator.close()`
+raises UsageError, and a second stream in the same thread is refused while this one is open.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from llamaspec.errors import GenerationInterrupted
+
+if TYPE_CHECKING:
+    from llamaspec.context_owner import ContextOwner
+    from llamaspec.generator import Result
 
 
 class TextStream:
     """An iterable of text pieces; `result` is the whole `Result` once the iteration has ended."""
 
     def __init__(self, engine, tokens: Sequence[int], config, make_result: Callable[[object], "Result"],
-                 on_text=None):
-        self._engine, self._tokens, self._config = engine, tokens, config
+                 on_text=None, *, owner: "ContextOwner"):
+        self._engine, self._tokens, self._config, self._owner = engine, tokens, config, owner
         self._make_result, self._on_text = make_result, on_text
         self._started = False
         self.result: "Result | None" = None
@@ -44,12 +50,19 @@ class TextStream:
             if self._on_text is not None:
                 self._on_text(piece, from_draft, source)
 
-        seq = SequenceRun(self._engine, 0, self._tokens, self._config, collect)
+        self._owner.acquire()
+        try:
+            yield from self._steps(SequenceRun(self._engine, 0, self._tokens, self._config, collect), pieces)
+        finally:
+            self._owner.release()
+
+    def _steps(self, seq, pieces: list[str]) -> Iterator[str]:
         try:
             seq.start()
             while True:
                 while pieces:
                     yield pieces.pop(0)
+                self._owner.check()   # close() was called while the stream was open
                 if seq.done:
                     break
                 self._engine._step([seq])
