@@ -63,9 +63,9 @@ def test_available_memory_comes_from_the_system_or_the_override(monkeypatch):
 
 @pytest.mark.parametrize("name,n_ctx", [("target", 2048), ("draft", 512), ("mtp", 1024)])
 def test_the_kv_estimate_is_what_llama_cpp_allocates(tiny_models, name, n_ctx):
-    """llama.cpp logs its KV cache size (-v): the header-based estimate must match it."""
+    """llama.cpp logs its KV cache size (--log-verbose): the header-based estimate must match it."""
     r = llamaspec("run", tiny_models[name], "-p", "hi", "-n", "1", "-c", n_ctx, "-t", "1", "--spec-type", "none",
-                  "--raw", "-v")
+                  "--raw", "--log-verbose")
     assert r.returncode == 0, r.stderr[-2000:]
     sizes = [float(x) for x in re.findall(r"llama_kv_cache: size =\s+([\d.]+) MiB", r.stderr)]  # (iSWA: two)
     assert sizes, r.stderr[-3000:]

@@ -94,7 +94,8 @@ def test_run_applies_a_stored_config_and_flags_win(run_cli, pair):
         "ngram-mod", 7, {"mod_n_match": 3}, [])
     assert tuned["applied"] == ["spec-type", "draft-max", "mod-n-match"]
     human = run_cli("run", t, "--draft", "none", "-p", "hi", "--temp", "0", *FAST)
-    assert "tuned config from " in human.stderr and "spec ngram-mod, draft-max 7" in human.stderr
+    first = human.stderr.splitlines()[0]   # one line: the configuration that runs, and why
+    assert first.startswith("speculation: ngram-mod, as `llamaspec tune` chose on") and "spec ngram-mod, draft-max 7" in first
 
     kept = _run(run_cli, t, "--draft", "none", "--draft-max", "5", "--spec-ngram-mod-n-match", "4")
     assert kept["tuned"]["overridden"] == ["draft-max", "mod-n-match"] and kept["spec_type"] == "ngram-mod"
