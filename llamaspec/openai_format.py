@@ -90,7 +90,9 @@ def _samplers_neutral(v: Any) -> bool:
         return False
     if any(n not in _OUR_SAMPLERS and n not in _OTHER_SAMPLERS for n in names):
         return False
-    return [n for n in names if n in _OUR_SAMPLERS] == list(_OUR_SAMPLERS)
+    # (a chain without penalties is common, e.g. SillyTavern's: the same while they are off, 1.0)
+    ours = [n for n in names if n in _OUR_SAMPLERS]
+    return ours in (list(_OUR_SAMPLERS), list(_OUR_SAMPLERS[1:]))
 
 
 # Fields that would change the output and that llamaspec does not implement, with the values that

@@ -68,6 +68,7 @@ def test_llama_server_neutral_values_and_harmless_unknowns_are_accepted():
     p = _chat(**LLAMA_SERVER_NEUTRAL)
     assert p.fields["temperature"] is None and p.fields["max_tokens"] is None
     assert _chat(samplers="edskypmxt").fields is not None   # the same chain as letters
+    assert _chat(samplers=["dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]).fields is not None
 
 
 @pytest.mark.parametrize("field, value", [
