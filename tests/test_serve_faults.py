@@ -202,6 +202,8 @@ def test_a_storm_of_hostile_requests_leaves_two_greedy_streams_alone(smollm2_q4,
                     assert body["error"]["param"] == param and param in body["error"]["message"], (what, body)
             else:
                 assert body["choices"][0]["message"]["content"] is not None, (what, body)
+        slowest = max(answers, key=lambda a: a[4])
+        print(f"{len(answers)} hostile requests answered, the slowest in {slowest[4]:.2f} s ({slowest[0]})")
         for t in streams:
             t.join(STREAM_HANG_GUARD_S)
             assert not t.is_alive(), "a stream did not finish (hang guard)"
