@@ -24,6 +24,27 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 _TEST_MODELS_CACHE = real_models.cache_dir()
 
 
+SHIPPED_PAIRINGS = REPO_ROOT / "pairings"
+TEST_PAIRINGS = REPO_ROOT / "tests" / "fixtures" / "pairings"   # family files with test-only entries (README.md)
+
+
+@pytest.fixture(scope="session")
+def test_pairings_dir(tmp_path_factory) -> Path:
+    """The tests' registry: every shipped family file, those of tests/fixtures/pairings in place of
+    theirs (the shipped ones plus the F16 test pairs, which the shipped registry does not carry)."""
+    d = tmp_path_factory.mktemp("pairings")
+    for src in sorted(SHIPPED_PAIRINGS.glob("*.yaml")):
+        override = TEST_PAIRINGS / src.name
+        os.symlink(override if override.is_file() else src, d / src.name)
+    return d
+
+
+@pytest.fixture(autouse=True)
+def _test_registry(test_pairings_dir, monkeypatch):
+    """Every test reads the tests' registry unless it sets LLAMASPEC_PAIRINGS itself."""
+    monkeypatch.setenv("LLAMASPEC_PAIRINGS", str(test_pairings_dir))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "real_home: reads the user's real HOME and model stores (no isolated_home)")
 

@@ -20,6 +20,7 @@ from hub_server import big_vocab_gguf, hub, hub_home  # noqa: F401 - fixtures: a
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRINGS = ROOT / "pairings"
+TEST_PAIRINGS = Path(__file__).parent / "fixtures" / "pairings"   # test-only entries (README.md there)
 FIXTURES = Path(__file__).parent / "fixtures" / "registry"
 
 
@@ -63,13 +64,31 @@ def test_shipped_registry_validates_and_covers_the_families():
                 assert p.verified is None or p.status == "incompatible"
 
 
-def test_shipped_verified_pairs_are_the_real_offline_files():
+def test_the_shipped_registry_carries_no_test_only_entries():
+    """The F16 requantizations of the test models and their pairs live in the tests' registry."""
     reg = registry.load_registry(PAIRINGS)
+    assert not [m.id for f in reg.families for m in f.models if m.derived_from]
+    assert not [(p.main, p.draft) for f in reg.families for p in f.pairs if p.status == "verified"]
+    assert reg.family("smollm2").tokenizer.fingerprints == ("11a3a959fb7b5dad",)
+    assert reg.family("gemma3").tokenizer.fingerprints == ("7577dba02593a84d",)
+
+
+def test_the_test_registry_verifies_the_real_offline_files(test_pairings_dir):
+    reg = registry.load_registry(test_pairings_dir)
     verified = {(f.name, p.main, p.draft) for f in reg.families for p in f.pairs if p.status == "verified"}
     assert verified == {("smollm2", "smollm2-135m-instruct-f16-local", "smollm2-135m-instruct-pypi-q4_1"),
                         ("gemma3", "gemma-3-270m-f16-local", "gemma-3-270m-pypi-q4_k_m")}
-    assert reg.family("smollm2").tokenizer.fingerprints == ("11a3a959fb7b5dad",)
-    assert reg.family("gemma3").tokenizer.fingerprints == ("7577dba02593a84d",)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in TEST_PAIRINGS.glob("*.yaml")))
+def test_each_test_family_file_is_its_shipped_file_plus_test_only_entries(name):
+    """No drift: remove the local requantizations and their pairs and the shipped file is left."""
+    test = registry_schema.plain(registry_schema.read_yaml(TEST_PAIRINGS / name))
+    local = {m["id"] for m in test["models"] if "derived_from" in m}
+    assert local, name
+    test["models"] = [m for m in test["models"] if m["id"] not in local]
+    test["pairs"] = [p for p in test["pairs"] if p["main"] not in local and p["draft"] not in local]
+    assert registry_schema.dump_family(test) == (PAIRINGS / name).read_text(encoding="utf-8")
 
 
 def test_shipped_files_round_trip_through_the_writer():
@@ -230,7 +249,7 @@ def test_verify_pairings_never_rewrites_a_broken_file(tmp_path, capsys):
 
 @pytest.mark.real
 def test_verify_pairings_on_the_real_smollm2_pair(tmp_path, smollm2_f16, capsys):
-    shutil.copy(PAIRINGS / "smollm2.yaml", tmp_path)
+    shutil.copy(TEST_PAIRINGS / "smollm2.yaml", tmp_path)
     data = yaml.safe_load((tmp_path / "smollm2.yaml").read_text())
     for p in data["pairs"]:  # start from scratch: everything unverified
         p["status"], _ = "unverified", p.pop("verified", None)
