@@ -4,7 +4,10 @@ the terminal and the Generator."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -123,17 +126,57 @@ class Totals:
                 f"drafted {self.drafted}, accepted {self.accepted}{rate}"]
 
 
-def save_messages(path: Path, messages: list[Message]) -> None:
-    """The conversation as a JSON list of {"role", "content"} (what `batch` and OpenAI read)."""
-    path.write_text(json.dumps(messages, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+def save_messages(path: Path, messages: list[Message], *, overwrite: bool = False) -> None:
+    r"""The conversation as a JSON list of {"role", "content"} (what `batch` and OpenAI read),
+    written atomically: a temporary file beside `path`, then a rename, so an interrupted or failed
+    write never leaves half a file. An existing `path` is kept (FileExistsError) unless `overwrite`.
+
+        >>> import tempfile; p = Path(tempfile.mkdtemp()) / "c.json"
+        >>> save_messages(p, [{"role": "user", "content": "hi"}]); save_messages(p, [])
+        Traceback (most recent call last):
+        ...
+        FileExistsError: [Errno 17] File exists: ...
+        >>> save_messages(p, [], overwrite=True); p.read_text(), sorted(x.name for x in p.parent.iterdir())
+        ('[]\n', ['c.json'])
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(messages, ensure_ascii=False, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _link_new(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _link_new(tmp: str, path: Path) -> None:
+    """tmp's content at `path` only if `path` does not exist, atomically where the file system has
+    hard links (link fails on an existing name); elsewhere a check, then the rename."""
+    try:
+        os.link(tmp, path)
+        return
+    except FileExistsError:
+        raise
+    except OSError:   # no hard links here (FAT, some network file systems)
+        pass
+    if os.path.lexists(path):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+    os.replace(tmp, path)
 
 
 HELP = """Available commands:
   /clear          forget the conversation (the system message stays)
   /stats          totals of this chat: prompt tokens, speed, acceptance
-  /save FILE      write the conversation to FILE as a JSON list of messages
+  /save FILE      write the conversation to FILE as a JSON list of messages (all of it, turns
+                  dropped to fit the context too); /save! FILE overwrites an existing FILE
   /bye, /exit     leave (also Ctrl + d)
   /?, /help       this help
 
 Use \"\"\" to begin a multi-line message and \"\"\" to end it.
-Ctrl + c stops an answer and keeps what was written."""
+Ctrl + c stops an answer and keeps what was written (before the answer begins, the message is
+dropped)."""

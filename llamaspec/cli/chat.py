@@ -3,7 +3,8 @@ the model's chat template, as `ollama run` does, with speculation on as in `run`
 
 Each turn sends the whole conversation; the engine keeps the sequence's tokens in the KV cache and
 evaluates only what differs from them, so a turn costs its new tokens (the footer's `prompt N
-tokens`). A conversation past the context loses its oldest turns (the system message stays).
+tokens`). A conversation past the context loses its oldest turns (the system message stays); the
+transcript that /save writes keeps them.
 """
 
 from __future__ import annotations
@@ -70,24 +71,38 @@ def open_chat(model: str | None, options: GenerationOptions, out: Output, color:
         if sys.stdin.isatty():
             out.info(f"[dim]{escape(r.target_path.name)}, spec {escape(r.spec_label)}, context {g.n_ctx} "
                      "tokens. /? for help, Ctrl + d to exit.[/dim]")
-        session.loop(_line_reader())
+        session.loop(_line_reader(out))
 
 
-def _line_reader() -> Callable[[str], str]:
+def _line_reader(out: Output) -> Callable[[str], str]:
     """input() with line editing and history (readline) at a terminal; plain lines otherwise (a
-    piped chat: one message a line, no prompt). Raises EOFError at the end."""
+    piped chat: one message a line, no prompt). Bytes that are not UTF-8 (which Python's stdin
+    hands over as surrogates, or raw) are replaced by U+FFFD and noted. Raises EOFError at the end."""
+    count = [0]
+
+    def utf8(raw: str | bytes) -> str:
+        count[0] += 1
+        data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogateescape")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            out.warn(f"line {count[0]} of the input is not valid UTF-8: the bad bytes were replaced by U+FFFD")
+            return data.decode("utf-8", errors="replace")
+
     if sys.stdin.isatty():
         try:
             import readline  # noqa: F401 - importing it gives input() editing and history
         except ImportError:   # (Windows without pyreadline: input() still works)
             pass
-        return input
+        return lambda prompt: utf8(input(prompt))
+
+    binary = getattr(sys.stdin, "buffer", None)   # (a test's StringIO has none: text already)
 
     def read(prompt: str) -> str:
-        line = sys.stdin.readline()
-        if not line:
+        raw = binary.readline() if binary is not None else sys.stdin.readline()
+        if not raw:
             raise EOFError
-        return line.rstrip("\r\n")
+        return utf8(raw).rstrip("\r\n")
 
     return read
 
@@ -98,7 +113,8 @@ class ChatSession:
     def __init__(self, g: Generator, out: Output, *, color: bool = False, system: str | None = None):
         self.g, self.out, self.color = g, out, color
         self.head: list[Message] = [{"role": "system", "content": system}] if system else []
-        self.messages: list[Message] = list(self.head)
+        self.messages: list[Message] = list(self.head)     # what fits the context, sent each turn
+        self.transcript: list[Message] = list(self.head)   # every turn, for /save
         self.totals = Totals()
 
     # -- the loop ----------------------------------------------------------------------------
@@ -115,6 +131,9 @@ class ChatSession:
                 self.out.write("\n")
                 self._check_terminated()
                 self.out.info(EXIT_HINT)
+                continue
+            except UnicodeDecodeError:   # a terminal sent bytes that are not UTF-8: that line only
+                self.out.warn("that line was not valid UTF-8 and was ignored")
                 continue
             if not multi.active and line.strip().startswith("/"):
                 if self.command(line.strip()):
@@ -135,29 +154,32 @@ class ChatSession:
         if name in ("/bye", "/exit", "/quit"):
             return True
         if name == "/clear":
-            self.messages = list(self.head)
+            self.messages, self.transcript = list(self.head), list(self.head)
             self.out.info("Cleared the conversation.")
         elif name == "/stats":
             self.out.write("\n".join(self.totals.lines()) + "\n")
-        elif name == "/save":
-            self._save(arg)
+        elif name in ("/save", "/save!"):
+            self._save(arg, overwrite=name == "/save!")
         elif name in ("/?", "/help"):
             self.out.write(HELP + "\n")
         else:
             self.out.info(f"Unknown command '{escape(name)}'. Type /? for help")
         return False
 
-    def _save(self, arg: str) -> None:
+    def _save(self, arg: str, overwrite: bool) -> None:
         if not arg:
-            self.out.info("Usage: /save FILE")
+            self.out.info("Usage: /save FILE (/save! FILE overwrites)")
             return
         path = Path(arg).expanduser()
         try:
-            save_messages(path, self.messages)
+            save_messages(path, self.transcript, overwrite=overwrite)
+        except FileExistsError:
+            self.out.warn(f"{escape(path)} exists; /save! {escape(arg)} overwrites it")
+            return
         except OSError as e:   # a bad path is one line; the chat goes on
             self.out.warn(f"cannot write {escape(path)}: {escape(e.strerror or e)}")
             return
-        self.out.info(f"saved {len(self.messages)} messages to {escape(path)}")
+        self.out.info(f"saved {len(self.transcript)} messages to {escape(path)}")
 
     # -- one turn ----------------------------------------------------------------------------
     def turn(self, text: str) -> None:
@@ -169,11 +191,15 @@ class ChatSession:
         except LlamaspecError as e:   # a template error, a message too long: this turn only
             self.out.error(explain(e))
             return
-        if result is None:   # interrupted before anything was generated: the question is dropped
+        if result is None or (result.stop_reason == "interrupted" and not result.tokens):
+            # interrupted before the answer began (the prompt's evaluation): the question is dropped
             self.out.write("\n")
             self._check_terminated()
+            self.out.info("interrupted before the answer began: that message is not kept")
             return
-        self.messages = messages + [{"role": "assistant", "content": result.text}]
+        answer = {"role": "assistant", "content": result.text}
+        self.messages = messages + [answer]
+        self.transcript += [messages[-1], answer]
         info = {"text": result.text, "stop_reason": result.stop_reason, "n_prompt": result.n_prompt, **result.stats}
         self.totals.add(info)
         if self.out.json:
