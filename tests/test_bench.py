@@ -22,6 +22,7 @@ MODE_KEYS = {"mode", "native", "reps", "tok_s", "ratio_vs_plain", "ratios", "e2e
 TOP_KEYS = {"model", "model_path", "draft", "draft_path", "prompt", "chat", "prompt_tokens", "n", "threads",
             "ctx", "reps", "greedy", "results", "best", "all_identical", "notes", "bound"}
 FAST = ("--reps", "1", "-n", "16", "-t", "1")
+NATIVE_LOGS = Path(__file__).parent / "fixtures" / "native"   # real llama-speculative-simple logs (README.md)
 
 
 def _bench(run_cli, tiny_models, *args):
@@ -123,33 +124,56 @@ def test_native_dir_without_the_binary(run_cli, tiny_models, tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def _fake_native(d, body: str):
+def _replaying_native(d, stderr_log: str, stdout_log: str | None = None, code: int = 0):
+    """A `llama-speculative-simple` in `d` that replays a real log of the tool (tests/fixtures/native)."""
     exe = d / "llama-speculative-simple"
-    exe.write_text("#!/bin/sh\n" + body)
+    out = f'cat "{NATIVE_LOGS / stdout_log}"\n' if stdout_log else ""
+    exe.write_text(f'#!/bin/sh\n{out}cat "{NATIVE_LOGS / stderr_log}" >&2\nexit {code}\n')
     exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
     return d
 
 
+def test_the_native_log_parser_reads_a_real_log():
+    from llamaspec.bench.native import parse_log
+
+    log = (NATIVE_LOGS / "draft-simple.stdout.log").read_text() + (NATIVE_LOGS / "draft-simple.stderr.log").read_text()
+    r = parse_log(log, "native draft-simple")
+    # the log's own lines: "encoded 21 tokens in 0.199 seconds", "decoded 69 tokens in 12.135 seconds,
+    # speed: 5.686 t/s", "accept = 100.000%"
+    assert (r.n, r.tps, r.acceptance, r.native) == (69, 5.686, 1.0, True)
+    assert r.e2e_s == pytest.approx(0.199 + 12.135)
+
+
+def test_a_native_log_without_a_measured_acceptance_says_unknown():
+    """No drafts: llama.cpp prints `accept = -nan%`. That is unknown, never 0 %."""
+    from llamaspec.bench.native import parse_log
+
+    r = parse_log((NATIVE_LOGS / "ngram-simple-no-drafts.stderr.log").read_text(), "native ngram-simple")
+    assert r.n == 33 and r.acceptance is None
+
+
 def test_native_rows_sit_beside_ours(run_cli, tiny_models, tmp_path):
-    log = ('echo "encoded  600 tokens in    0.100 seconds, speed: 6000.0 t/s" >&2\n'
-           'echo "decoded   16 tokens in    0.020 seconds, speed:  800.0 t/s" >&2\n'
-           'echo "accept    = 50.000%" >&2\n')
-    _fake_native(tmp_path, log)
+    _replaying_native(tmp_path, "draft-simple.stderr.log", "draft-simple.stdout.log")
     r = _bench(run_cli, tiny_models, "--spec-type", "ngram-simple", "--native", str(tmp_path), "--json")
     assert r.exit_code == 0, r.stderr
     modes = {m["mode"]: m for m in r.json()["results"]}
     nat = modes["native ngram-simple"]
     assert nat["native"] is True and nat["identical_to_plain"] is None  # not checked, never claimed
-    assert nat["tok_s"] == 800.0 and nat["acceptance"] == 0.5 and nat["ratio_vs_plain"] > 0
+    assert nat["tok_s"] == 5.686 and nat["acceptance"] == 1.0 and nat["ratio_vs_plain"] > 0
+    _replaying_native(tmp_path, "ngram-simple-no-drafts.stderr.log")
+    r = _bench(run_cli, tiny_models, "--spec-type", "ngram-simple", "--native", str(tmp_path))
+    assert r.exit_code == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if "native ngram-simple" in line)
+    assert "unknown" in row and "0.0%" not in row, row
 
 
 def test_native_failure_is_a_note_not_a_crash(run_cli, tiny_models, tmp_path):
-    _fake_native(tmp_path, 'echo "error: failed to load model" >&2\nexit 1\n')
+    _replaying_native(tmp_path, "spec-none-fails.stderr.log", code=1)
     r = _bench(run_cli, tiny_models, "--spec-type", "ngram-simple", "--native", str(tmp_path), "--json")
     assert r.exit_code == 0, r.stderr
     info = r.json()
     assert not any(m["native"] for m in info["results"])
-    assert any("failed to load model" in n for n in info["notes"])
+    assert any("failed to initialize speculative decoding" in n for n in info["notes"]), info["notes"]
     assert "warning" in r.stderr
 
 
