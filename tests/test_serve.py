@@ -319,7 +319,7 @@ def test_client_disconnect_mid_stream_frees_the_slot(smollm2_q4, tmp_path):
         # being answered: the event, not a client timeout that a fast machine would outrun) frees the slot
         body = json.dumps({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 900}).encode()
         with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             _wait_for(lambda: s.metrics()["llamaspec:requests_processing"] == 1, "the request to start")
         r = s.client(timeout=60).completions.create(model="x", prompt="1, 2,", max_tokens=4)
