@@ -79,7 +79,10 @@ REQUEST_FIELDS = frozenset(f for f in Request.__dataclass_fields__ if f != "prom
 
 class PromptTooLong(UsageError, ContextFullError):
     """A prompt longer than the context: the one-line error `llamaspec run` prints (a UsageError;
-    a ContextFullError too, for scripts that caught the engine's)."""
+    a ContextFullError too, for scripts that caught the engine's). Exit code 1 as run's: the input,
+    not a flag, is wrong."""
+
+    exit_code = ContextFullError.exit_code
 
 
 def prompt_too_long(n_prompt: int, n_ctx: int, given: int | None) -> PromptTooLong:
@@ -263,6 +266,10 @@ class Generator(OpenAIMethods):
 
     def _prepare(self, req: Request):
         """(tokens, config) of a request, or the UsageError that says why it cannot run."""
+        for name, kind in (("id", str), ("chat", bool)):
+            if getattr(req, name) is not None and not isinstance(getattr(req, name), kind):
+                raise UsageError(f"{name} must be {'a string' if kind is str else 'True or False'} or None, "
+                                 f"not {getattr(req, name)!r}")
         tokens, config = self.tokenize(req.prompt, req.chat), self._config(req)
         if len(tokens) > self.n_ctx:
             raise prompt_too_long(len(tokens), self.n_ctx, self.options.n_ctx)

@@ -55,6 +55,8 @@ _STORM = textwrap.dedent(r'''
             "max_tokens float": dict(max_tokens=2.5), "max_tokens -2": dict(max_tokens=-2),
             "seed float": dict(seed=1.5), "stop int": dict(stop=5), "top_k str": dict(top_k="x"),
             "unknown max_token": dict(max_token=5),
+            **{f"{f} str": {f: "x"} for f in ("top_p", "min_p", "repeat_penalty", "presence_penalty",
+                                              "frequency_penalty", "seed")},
             "stream stream": dict(stream=True),
         }.items():
             if name == "generate" and case == "stream stream":
@@ -79,6 +81,12 @@ _STORM = textwrap.dedent(r'''
     report("chat: role wizard", lambda: g.create_chat_completion([{"role": "wizard", "content": "x"}]))
     report("completion: prompt int", lambda: g.create_completion(5))
     report("generate: prompt int", lambda: g.generate(5))
+    report("generate: chat str", lambda: g.generate("hi", chat="yes"))
+    report("generate: id int", lambda: g.generate("hi", id=5))
+    for way, fn in (("chat", chat), ("completion", comp)):
+        for case, kw in {"stream str": dict(stream="yes"), "stream_options str": dict(stream_options="x"),
+                         "model int": dict(model=5), "user int": dict(user=5)}.items():
+            report(f"{way}: {case}", lambda: fn(**kw))
     report("generate: Request and keywords", lambda: g.generate(Request("1, 2, 3,", chat=False), max_tokens=2))
 
     long_text = "one two three four five six seven " * 60   # > 256 tokens
@@ -172,6 +180,9 @@ REFUSED = {   # case -> (exception type, what the message says)
     "stop int": ("UsageError", "stop must be a string or an array of strings"),
     "top_k str": ("UsageError", "top_k must be an integer"),
     "unknown max_token": ("TypeError", "unexpected keyword argument 'max_token'"),
+    **{f"{f} str": ("UsageError", f"{f} must be") for f in ("top_p", "min_p", "repeat_penalty", "presence_penalty",
+                                                            "frequency_penalty")},
+    "seed str": ("UsageError", "seed must be an integer"),
 }
 OPENAI_REFUSED = {
     "mirostat_mode 2": "mirostat_mode is not supported", "tfs_z 0.5": "tfs_z is not supported",
@@ -215,6 +226,13 @@ def test_other_misuse(storm):
     _refused(storm["completion: prompt int"], "UsageError", "prompt must be a string")
     _refused(storm["generate: prompt int"], "UsageError", "prompt must be text or a list of chat messages")
     assert storm["generate: Request and keywords"].get("ok")
+    _refused(storm["generate: chat str"], "UsageError", "chat must be True or False")
+    _refused(storm["generate: id int"], "UsageError", "id must be a string")
+    for way in ("chat", "completion"):
+        _refused(storm[f"{way}: stream str"], "UsageError", "stream must be a boolean")
+        _refused(storm[f"{way}: stream_options str"], "UsageError", "stream_options must be an object")
+        _refused(storm[f"{way}: model int"], "UsageError", "model must be a string")
+        _refused(storm[f"{way}: user int"], "UsageError", "user must be a string")
 
 
 def test_prompt_longer_than_the_context(storm):
