@@ -9,13 +9,16 @@ its yields, so a Generator lets one generation own them from its start to its en
 - `close()` marks the Generator closed at once (new calls and the next step of an open stream raise
   `UsageError`) and frees the models when no generation owns them: at once, or when the owner ends.
   So nothing frees a context under a running step, and a stream used after `close()` is an error,
-  never a use of freed memory.
+  never a use of freed memory;
+- tokenizing (any thread, beside a generation: it reads only the vocabulary) holds off the freeing
+  too, without waiting for the owner.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 from llamaspec.errors import UsageError
 
@@ -27,6 +30,7 @@ class ContextOwner:
         self._cond = threading.Condition()
         self._owner: int | None = None   # the thread id of the generation that holds the contexts
         self._closed = False
+        self._readers = 0   # threads reading the model outside a generation (tokenizing)
         self._free: Callable[[], None] | None = free
 
     @property
@@ -52,8 +56,7 @@ class ContextOwner:
     def release(self) -> None:
         with self._cond:
             self._owner = None
-            if self._closed:
-                self._free_now()
+            self._free_if_unused()
             self._cond.notify_all()
 
     def check(self) -> None:
@@ -65,15 +68,26 @@ class ContextOwner:
         """Closed from now on; the models are freed now, or when the owner ends (idempotent)."""
         with self._cond:
             self._closed = True
-            if self._owner is None:
-                self._free_now()
+            self._free_if_unused()
             self._cond.notify_all()   # waiting threads see it closed and raise
 
-    def _free_now(self) -> None:
-        free, self._free = self._free, None
-        if free is not None:
-            free()
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around work that reads the model (the vocabulary: tokenizing) in any thread, alongside a
+        generation: the models are not freed until it is done; a UsageError once closed."""
+        with self._cond:
+            if self._closed:
+                raise UsageError(*CLOSED)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._free_if_unused()
 
-    def locked(self) -> threading.Condition:
-        """Held briefly around work that must not overlap the freeing (tokenizing outside a generation)."""
-        return self._cond
+    def _free_if_unused(self) -> None:
+        if self._closed and self._owner is None and self._readers == 0:
+            free, self._free = self._free, None
+            if free is not None:
+                free()

@@ -227,7 +227,7 @@ class Generator(OpenAIMethods):
     # -- generating ----------------------------------------------------------------------------
     def tokenize(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Prompt tokens as `run` makes them: the chat template by default when the model has one."""
-        with self._owner.locked():   # close() does not free the model under the tokenizer
+        with self._owner.reading():   # close() does not free the model under the tokenizer
             return self._tokenize(self._pipeline().target, prompt, chat)
 
     def _tokenize(self, target, prompt: Prompt, chat: bool | None) -> list[int]:
