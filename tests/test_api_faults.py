@@ -258,3 +258,41 @@ def test_close(storm):
         _refused(storm[case], "UsageError", "closed")
     _refused(storm["ctor seed 2^63"], "UsageError", "seed must be a 64-bit integer")
     _refused(storm["ctor temperature inf"], "UsageError", "temperature must be a finite number")
+
+
+def test_context_owner_frees_only_when_unused():
+    """The rule under the API (llamaspec/context_owner.py): close() frees at once when nothing uses
+    the models, else when the owner (a generation) and the readers (tokenizing) are done; after
+    close() a new owner or reader is refused."""
+    import threading
+
+    from llamaspec.context_owner import ContextOwner
+    from llamaspec.errors import UsageError
+
+    freed: list[int] = []
+    owner = ContextOwner(lambda: freed.append(1))
+    with owner.reading():
+        owner.acquire()
+        owner.close()
+        assert freed == [] and owner.closed
+        with pytest.raises(UsageError, match="closed while this generation was open"):
+            owner.check()
+        owner.release()
+        assert freed == []          # a reader is still at work
+    assert freed == [1]
+    for use in (owner.acquire, lambda: owner.reading().__enter__()):
+        with pytest.raises(UsageError, match="this Generator is closed"):
+            use()
+    owner.close()
+    assert freed == [1]             # idempotent
+
+    second = ContextOwner(lambda: None)
+    second.acquire()
+    with pytest.raises(UsageError, match="already generating in this thread"):
+        second.acquire()
+    got: list[str] = []
+    waiter = threading.Thread(target=lambda: (second.acquire(), got.append("served"), second.release()))
+    waiter.start()
+    second.release()                # the other thread's turn
+    waiter.join(HANG_GUARD_S)
+    assert got == ["served"]
