@@ -102,7 +102,8 @@ class Generator(OpenAIMethods):
     model: a GGUF path or Hub reference (None: the bundled SmolLM2). draft: a path, Hub reference,
     "auto" or None. spec_type: llama.cpp's --spec-type value ("ngram-mod", "draft,ngram-simple").
     Sampling (temperature 0 = greedy), max_tokens and stop are defaults that each request may
-    override; max_tokens None (the default) or -1: until end-of-generation or a full context. Everything else is fixed for the Generator's life (models load once). tuned: apply
+    override; max_tokens None (the default) or -1: until end-of-generation or a full context.
+    Everything else is fixed for the Generator's life (models load once). tuned: apply
     the configuration `llamaspec tune` stored for these files (settings given here win, one by one).
     n_gpu_layers / n_gpu_layers_draft: layers on the GPU, -1 all; None (default) offloads what fits
     in device memory, as llama.cpp does (`self.pipeline.offload` says what was chosen and why).
