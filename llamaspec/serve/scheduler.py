@@ -131,6 +131,7 @@ class Scheduler:
         self.dead: str | None = None   # why the engine thread stopped unexpectedly
         self._thread = threading.Thread(target=self._run, name="llamaspec-engine", daemon=True)
         self._preparing = ThreadPoolExecutor(PREPARING_THREADS, thread_name_prefix="llamaspec-prepare")
+        self._stopping = False
         # Chunked prefill needs a KV that can hold part of a prompt and rows read per batch:
         # not a recurrent/hybrid target (rolled back by whole-state checkpoints) nor a drafter fed
         # by the target's hidden states on every decode (it reads them as one sequence's rows).
@@ -174,9 +175,13 @@ class Scheduler:
     def stop(self) -> None:
         """End the engine thread: sequences still running end now (their clients get what was
         generated), queued requests get 503. The Generator is the caller's again afterwards."""
-        self._preparing.shutdown(wait=True)   # what they prepare reaches the inbox before _STOP
+        with self._idle:   # from now on what a preparing thread finishes gets 503 (see _prepare)
+            self._stopping = True
         self._inbox.put(_STOP)
         self._thread.join()
+        # (no preparing thread may touch the model once the caller has it back: a render ends
+        # within the template's time limit, a tokenization in milliseconds)
+        self._preparing.shutdown(wait=True)
 
     @property
     def processing(self) -> int:
@@ -295,10 +300,12 @@ class Scheduler:
             return self._fail(job, 400, f"the prompt is {len(job.tokens)} tokens, longer than the context of "
                                         f"{n_ctx} tokens per slot", job.field_prompt, "context_length_exceeded")
         job.send(("accepted", len(job.tokens)))
-        with self._idle:   # (a dying engine thread empties the inbox under this lock)
-            if self.dead is None:
+        with self._idle:   # (a dying engine thread empties the inbox under this lock, stop() sets _stopping)
+            if self.dead is None and not self._stopping:
                 self._inbox.put(job)
                 return
+        if self._stopping:
+            return self._fail(job, 503, "the server is shutting down")
         self._fail(job, 500, "internal error: the server's engine stopped (see the server's log)")
 
     def _admit(self) -> None:
