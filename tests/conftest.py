@@ -216,17 +216,17 @@ def run_cli_subprocess():
 
 
 @pytest.fixture(autouse=True)
-def isolated_home(request, tmp_path, monkeypatch):
+def isolated_home(request, tmp_path_factory, monkeypatch):
     """Every test: no real model stores. HOME (so LM Studio's ~/.lmstudio, ~/.cache/lm-studio and
-    Ollama's ~/.ollama), HF_HOME point into tmp_path; HF_HUB_CACHE, OLLAMA_MODELS and
+    Ollama's ~/.ollama), HF_HOME point into a fresh directory (beside tmp_path, not in it: a test
+    may list its tmp_path); HF_HUB_CACHE, OLLAMA_MODELS and
     $LLAMASPEC_MODELS_PATH are unset. What a developer has downloaded must not change what a test
     finds. The test-model cache stays where it is (LLAMASPEC_TEST_MODELS). A test that needs the
     real home says so: @pytest.mark.real_home."""
     if request.node.get_closest_marker("real_home"):
         return Path.home()
     monkeypatch.setenv(real_models.CACHE_ENV, str(_TEST_MODELS_CACHE))
-    home = tmp_path / "home"
-    home.mkdir()
+    home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OLLAMA_MODELS", "XDG_CACHE_HOME", "LLAMASPEC_MODELS_PATH"):
