@@ -21,18 +21,17 @@ from llamaspec.errors import GenerationInterrupted
 
 if TYPE_CHECKING:
     from llamaspec.context_owner import ContextOwner
-    from llamaspec.generator import Result
 
 
 class TextStream:
     """An iterable of text pieces; `result` is the whole `Result` once the iteration has ended."""
 
-    def __init__(self, engine, tokens: Sequence[int], config, make_result: Callable[[object], "Result"],
+    def __init__(self, engine, tokens: Sequence[int], config, make_result: Callable[[object], object],
                  on_text=None, *, owner: "ContextOwner"):
         self._engine, self._tokens, self._config, self._owner = engine, tokens, config, owner
         self._make_result, self._on_text = make_result, on_text
         self._started = False
-        self.result: "Result | None" = None
+        self.result = None   # the generator's Result once the iteration has ended
 
     def __iter__(self) -> Iterator[str]:
         if self._started:
