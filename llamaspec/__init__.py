@@ -20,7 +20,7 @@ def __getattr__(name: str):
 
         return GenerationOptions
     if name == "SamplingParams":
-        from llamaspec.speculative.verify import SamplingParams
+        from llamaspec.speculative.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(f"module 'llamaspec' has no attribute {name!r}")

@@ -4,7 +4,7 @@
 takes it. Its sampling part is the engine's own `SamplingParams` (validated when made), the type
 that per-request settings and the server share.
 
-    >>> from llamaspec.speculative.verify import SamplingParams
+    >>> from llamaspec.speculative.sampling_params import SamplingParams
     >>> opts = GenerationOptions(spec_type="ngram-mod", sampling=SamplingParams(temperature=0))
     >>> opts.sampling.greedy, opts.max_tokens == NO_LIMIT   # max_tokens left out: no limit
     (True, True)
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from llamaspec.errors import UsageError
 from llamaspec.openai_format import NO_LIMIT, parse_stop
-from llamaspec.speculative.verify import SamplingParams
+from llamaspec.speculative.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from llamaspec.speculative.options import NgramParams

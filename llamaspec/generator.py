@@ -125,7 +125,7 @@ class Generator(OpenAIMethods):
                  system: str | None = None, offline: bool = False, force_draft: bool = False,
                  search: Sequence[Path] = (), tuned: bool = True, spec_replace: Sequence[tuple[str, str]] = ()):
         from llamaspec.generation_options import GenerationOptions
-        from llamaspec.speculative.verify import SamplingParams
+        from llamaspec.speculative.sampling_params import SamplingParams
 
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                   repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,

@@ -24,9 +24,10 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from llamaspec.errors import UsageError
+from llamaspec.openai_unsupported import FLOAT32_MAX, FLOAT32_TINY, sampling_number_ok, unsupported_field
 
 CHAT, COMPLETION = "chat", "completion"
 
@@ -53,91 +54,11 @@ class Parsed:
 
 # ---- requests ----------------------------------------------------------------------------------
 
-def _off(v: Any) -> bool:
-    return v is None or v is False
-
-
-def _at(neutral: Any) -> Callable[[Any], bool]:
-    return lambda v: v is None or (not isinstance(v, bool) and v == neutral)
-
-
-def _any_number(v: Any) -> bool:
-    return v is None or (not isinstance(v, bool) and isinstance(v, (int, float)) and _finite(v))
-
-
-def _at_most(limit: float) -> Callable[[Any], bool]:
-    return lambda v: v is None or (_any_number(v) and v <= limit)
-
-
-def _at_least(limit: float) -> Callable[[Any], bool]:
-    return lambda v: v is None or (_any_number(v) and v >= limit)
-
-
-# llamaspec's sampler chain, in its order (verify.target_candidates); llama-server's `samplers`
-# (names, or one letter each) asks for nothing new when these come in this order and the others
-# it names are the stages that its neutral values switch off (dry, typ_p, top_n_sigma, xtc, ...).
-_OUR_SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
-_SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
-                    "m": "min_p", "x": "xtc", "t": "temperature", "a": "adaptive_p"}
-_OTHER_SAMPLERS = {"dry", "top_n_sigma", "typ_p", "typical_p", "xtc", "adaptive_p", "infill"}
-
-
-def _samplers_neutral(v: Any) -> bool:
-    if v is None:
-        return True
-    names = [_SAMPLER_LETTERS.get(c, c) for c in v] if isinstance(v, str) else v
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        return False
-    if any(n not in _OUR_SAMPLERS and n not in _OTHER_SAMPLERS for n in names):
-        return False
-    # (a chain without penalties is common, e.g. SillyTavern's: the same while they are off, 1.0)
-    ours = [n for n in names if n in _OUR_SAMPLERS]
-    return ours in (list(_OUR_SAMPLERS), list(_OUR_SAMPLERS[1:]))
-
-
-# Fields that would change the output and that llamaspec does not implement, with the values that
-# ask for nothing. Dropping them silently would hand back something else than what was asked for.
-UNSUPPORTED = {
-    "n": lambda v: v is None or v == 1, "best_of": lambda v: v is None or v == 1,
-    "logprobs": _off, "top_logprobs": lambda v: v is None or v == 0, "echo": _off,
-    "suffix": lambda v: v is None or v == "",
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "tools": lambda v: v is None or v == [], "tool_choice": lambda v: v is None or v == "none",
-    "functions": lambda v: v is None or v == [], "function_call": lambda v: v is None or v == "none",
-    "logit_bias": lambda v: not v,
-    "audio": _off, "modalities": lambda v: v is None or v == ["text"], "prediction": _off,
-    "grammar": _off, "json_schema": _off,
-    # vLLM's extras, seen in batch files written for vLLM's run-batch
-    "guided_json": _off, "guided_regex": _off, "guided_choice": _off, "guided_grammar": _off,
-    "use_beam_search": _off,
-}
-
-# llama-server's own sampling fields (tools/server/server-schema.cpp): clients written for it send
-# them at their neutral values ("mirostat": 0, "typical_p": 1), which ask for nothing; any other
-# value is refused naming the field. The `any number` ones only matter when their switch is on.
-LLAMA_SERVER_UNSUPPORTED = {
-    "mirostat": _at(0), "mirostat_tau": _any_number, "mirostat_eta": _any_number,
-    "typical_p": _at_least(1), "top_n_sigma": _at_most(0), "n_probs": _at(0), "post_sampling_probs": _off,
-    "min_keep": _at(0), "dynatemp_range": _at(0), "dynatemp_exponent": _any_number,
-    "dry_multiplier": _at(0), "dry_base": _any_number, "dry_allowed_length": _any_number,
-    "dry_penalty_last_n": _any_number, "dry_sequence_breakers": lambda v: v is None or isinstance(v, list),
-    "xtc_probability": _at(0), "xtc_threshold": _any_number,
-    "adaptive_target": _at_most(0), "adaptive_decay": _any_number,
-    "samplers": _samplers_neutral, "lora": lambda v: not v, "n_cmpl": _at(1),
-    "t_max_predict_ms": _at_most(0), "continue_final_message": _off, "n_indent": _at(0),
-}
-
-
 def check_unsupported(body: dict) -> None:
-    for key, harmless in UNSUPPORTED.items():
-        if key in body and not harmless(body[key]):
-            raise RequestError(f"{key} is not supported (got {_shown(body[key])}): "
-                               "llamaspec gives one plain-text choice per request", key)
-    for key, harmless in LLAMA_SERVER_UNSUPPORTED.items():
-        if key in body and not harmless(body[key]):
-            raise RequestError(f"{key} is not supported (got {_shown(body[key])}): llamaspec samples with "
-                               "penalties, top_k, top_p, min_p and temperature only; leave it out or send "
-                               "llama-server's neutral value", key)
+    refused = unsupported_field(body)
+    if refused is not None:
+        key, why = refused
+        raise RequestError(f"{key} is not supported (got {_shown(body[key])}): {why}", key)
 
 
 def _shown(v: Any) -> str:
@@ -158,20 +79,6 @@ def jtype(v: Any) -> str:
 INT64 = (-(1 << 63), (1 << 63) - 1)   # OpenAI and vLLM take int64 seeds; the widest integer any field takes
 
 
-#: the sizes a sampling number may have besides 0: float32's normal range, as the samplers compute
-#: in float32 (a repeat_penalty of 1e-300 or 1e300 would turn logits into inf and NaN)
-FLOAT32_TINY, FLOAT32_MAX = 1.1754944e-38, 3.4028235e38
-
-
-def _finite(v: int | float) -> bool:
-    """A number a sampler can use: finite, 0 or of a size float32 holds (no denormal such as 1e-310)."""
-    try:
-        f = abs(float(v))
-    except OverflowError:   # an integer past float's range
-        return False
-    return f == 0 or FLOAT32_TINY <= f <= FLOAT32_MAX
-
-
 def _int(body: dict, key: str) -> int | None:
     v = body.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
@@ -185,7 +92,7 @@ def _num(body: dict, key: str) -> float | None:
     v = body.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
         raise RequestError(f"{key} must be a number, got {jtype(v)}", key)
-    if v is not None and not _finite(v):
+    if v is not None and not sampling_number_ok(v):
         shown = _shown(v) if isinstance(v, int) else repr(v)
         raise RequestError(f"{key} must be a finite number, 0 or between {FLOAT32_TINY:.3g} and {FLOAT32_MAX:.3g} "
                            f"in size (got {shown})", key)

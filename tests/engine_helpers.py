@@ -18,7 +18,7 @@ from llamaspec.speculative.options import SpecOptions, parse_spec_types
 from llamaspec.speculative.pipeline import load_pipeline
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
-from llamaspec.speculative.verify import SamplingParams
+from llamaspec.speculative.sampling_params import SamplingParams
 
 # The benchmark's code-rewrite prompt: a model rewriting a file copies most of it.
 CODE_REWRITE = (Path(__file__).resolve().parents[1] / "llamaspec" / "prompts" / "code_rewrite.txt").read_text()

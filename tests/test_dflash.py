@@ -87,7 +87,7 @@ def test_long_prompt_and_reused_prefix(spec_drafts, kind):
     are reused)."""
     from llamaspec.speculative.options import SpecOptions
     from llamaspec.speculative.pipeline import load_pipeline
-    from llamaspec.speculative.verify import SamplingParams
+    from llamaspec.speculative.sampling_params import SamplingParams
 
     target = Model(spec_drafts["bigram_target"])
     try:

@@ -98,7 +98,7 @@ def test_long_prompt_and_reused_prefix(spec_drafts):
             prompt = prompt + prompt[1:]
         from llamaspec.speculative.options import SpecOptions
         from llamaspec.speculative.pipeline import load_pipeline
-        from llamaspec.speculative.verify import SamplingParams
+        from llamaspec.speculative.sampling_params import SamplingParams
 
         sampling = SamplingParams(temperature=0.0)
         outs = {}

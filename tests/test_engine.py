@@ -13,7 +13,7 @@ from llamaspec.speculative.engine import GenerationConfig, SpecEngine, StopStrin
 from llamaspec.speculative.options import MAX_DRAFT
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
-from llamaspec.speculative.verify import SamplingParams
+from llamaspec.speculative.sampling_params import SamplingParams
 
 SPEC_TYPES = ["ngram-simple", "ngram-mod", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "draft",
               "draft,ngram-simple"]

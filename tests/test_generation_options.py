@@ -7,7 +7,7 @@ import pytest
 
 from llamaspec.errors import UsageError
 from llamaspec.generation_options import GenerationOptions, check_stop
-from llamaspec.speculative.verify import SamplingParams
+from llamaspec.speculative.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("field, value", [("temperature", -1), ("top_p", 5), ("top_p", 0), ("min_p", -0.1),

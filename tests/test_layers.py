@@ -53,7 +53,7 @@ def _layer(module: str) -> str:
     if len(parts) == 1:
         return "api"
     # a top-level module (generator.py, resolve.py, ...) is the public API, a package its own layer
-    top = {"__main__": "cli", "_version": "errors", "errors": "errors", "openai_format": "format"}
+    top = {"__main__": "cli", "_version": "errors", "errors": "errors", "openai_format": "format", "openai_unsupported": "format"}
     return top.get(parts[1], "api" if (PKG / f"{parts[1]}.py").is_file() else parts[1])
 
 

@@ -25,7 +25,7 @@ from llamaspec.speculative.options import SpecOptions
 from llamaspec.speculative.pipeline import load_pipeline
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
-from llamaspec.speculative.verify import SamplingParams
+from llamaspec.speculative.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from llamaspec import openai_format as oa
 from llamaspec.batch import LineError, parse_requests
 from llamaspec.errors import UsageError
 from llamaspec.generator import Generator, Request
-from llamaspec.speculative.verify import SamplingParams
+from llamaspec.speculative.sampling_params import SamplingParams
 
 FIELDS = ("presence_penalty", "frequency_penalty")
 # SmolLM2 F16, raw, greedy, 40 tokens: prompt-lookup drafts from the code and accepts some of it

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from llamaspec.errors import UsageError
-from llamaspec.speculative.verify import SamplingParams, check_seed, seed_entropy
+from llamaspec.speculative.sampling_params import SamplingParams, check_seed, seed_entropy
 
 INT64_MAX = (1 << 63) - 1
 BEYOND = [str(INT64_MAX + 1), str(-(1 << 63) - 1)]

@@ -21,7 +21,7 @@ from llamaspec.runtime import chat_template
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.serve import prefill
 from llamaspec.serve.scheduler import Job, Scheduler
-from llamaspec.speculative.verify import SamplingParams
+from llamaspec.speculative.sampling_params import SamplingParams
 from llamaspec.testing.tiny_models import BASE_SEED, bpe_vocab, write_llama_model
 
 HANG_GUARD_S = 600   # a request that never ends fails the test instead of hanging it

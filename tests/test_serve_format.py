@@ -156,7 +156,7 @@ def test_bad_completion_prompts():
 
 def test_param_of_engine_validation_errors():
     from llamaspec.errors import UsageError
-    from llamaspec.speculative.verify import SamplingParams
+    from llamaspec.speculative.sampling_params import SamplingParams
 
     with pytest.raises(UsageError) as e:
         SamplingParams(temperature=-1.0)

@@ -179,7 +179,7 @@ def test_chains_are_lossless(tiny_models, spec):
 def test_factory_builds_the_suffix_drafter(tiny_models):
     from llamaspec.runtime.context import Context, ContextConfig
     from llamaspec.runtime.llama import Model
-    from llamaspec.speculative.verify import SamplingParams
+    from llamaspec.speculative.sampling_params import SamplingParams
 
     target = Model(tiny_models["target"])
     ctx = Context(target, ContextConfig(n_ctx=256, n_threads=1))

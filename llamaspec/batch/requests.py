@@ -7,7 +7,7 @@ the same settings (`check_or_write_manifest`), skips what OUTPUT holds (`OutputF
 and appends one record per request (`result_record` / `error_record`). INPUT lines are
 llamaspec's form or, when they have "custom_id" or "body", the OpenAI batch form (vLLM's
 `run-batch`, OpenAI's Batch API). Unknown keys are ignored, except in an OpenAI body the fields
-that ask for what the engine cannot do (`n` > 1, `logprobs`, `tools`, ...: `openai_format.UNSUPPORTED`, the server's list), which
+that ask for what the engine cannot do (`n` > 1, `logprobs`, `tools`, ...: `openai_unsupported.UNSUPPORTED`, the server's list), which
 make the line a failed record naming the field rather than be dropped silently:
 
     {"id": "q1", "prompt": "Hi", "max_tokens": 8, "temperature": 0, "seed": 1, "stop": "\\n",

@@ -53,7 +53,7 @@ def run_mode(target: "Model", spec: str, prompt: Sequence[int], settings: BenchS
     """One greedy generation of `spec` ("none" = plain) on an already loaded target."""
     from llamaspec.speculative.options import SpecOptions, needs_draft_model, parse_spec_types
     from llamaspec.speculative.pipeline import load_pipeline
-    from llamaspec.speculative.verify import SamplingParams
+    from llamaspec.speculative.sampling_params import SamplingParams
 
     types = parse_spec_types(spec)
     opts = SpecOptions(spec_types=types, draft_path=settings.draft_path, n_ctx=settings.ctx,

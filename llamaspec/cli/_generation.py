@@ -102,7 +102,7 @@ SearchOpt = Annotated[Optional[list[Path]], typer.Option("--search", help="Also 
 
 def _generation_options(**v: Any) -> "GenerationOptions":
     from llamaspec.generation_options import GenerationOptions
-    from llamaspec.speculative.verify import SamplingParams
+    from llamaspec.speculative.sampling_params import SamplingParams
 
     check_draft_exists(v["draft"], number_is_length=True)
     if v["draft_max"] is not None and v["draft_min"] > v["draft_max"]:

@@ -19,7 +19,7 @@ from llamaspec.speculative.drafters.base import Drafter
 from llamaspec.speculative.drafters.factory import Built, build_drafter
 from llamaspec.speculative.engine import GenerationConfig, SpecEngine
 from llamaspec.speculative.options import DEFAULT_CTX, SpecOptions, default_draft_max, loads_mtp_layers, needs_draft_model
-from llamaspec.speculative.verify import SamplingParams
+from llamaspec.speculative.sampling_params import SamplingParams
 
 
 @dataclass

@@ -16,7 +16,7 @@ from llamaspec.runtime.llama import DecodeClock, Model, Utf8Stream
 from llamaspec.speculative.controller import DraftLengthController
 from llamaspec.speculative.drafters.base import Draft
 from llamaspec.speculative.metrics import SpecStats
-from llamaspec.speculative.verify import SamplingParams, seed_entropy
+from llamaspec.speculative.sampling_params import SamplingParams, seed_entropy
 from llamaspec.speculative.prefix import common_prefix
 
 

@@ -18,7 +18,7 @@ from llamaspec.speculative.options import MAX_DRAFT, SpecOptions, parse_spec_typ
 if TYPE_CHECKING:
     from llamaspec.runtime.llama import Model
     from llamaspec.runtime.context import Context
-    from llamaspec.speculative.verify import SamplingParams
+    from llamaspec.speculative.sampling_params import SamplingParams
 
 
 @dataclass
