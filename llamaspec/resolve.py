@@ -81,7 +81,8 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
 def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool = False) -> None:
     """`--draft auto`; local_only (no --draft and no --spec-type given): never download, and say
     in one note which registry draft a pull would add."""
-    from llamaspec.pairing.autodraft import ACROSS_REQUESTS, TEXT_FALLBACK, choose_draft, text_fallback
+    from llamaspec.pairing.autodraft import (ACROSS_REQUESTS, REGISTRY_UNAVAILABLE, TEXT_FALLBACK, choose_draft,
+                                             text_fallback)
 
     choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline, dry_run=local_only,
                           pays=lambda draft: _measured_to_pay(r.target_path, draft))
@@ -93,6 +94,7 @@ def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool =
     label = "speculation" if local_only else "--draft auto"
     r.notes.append(f"{label}: {short_choice(choice, r.target_path)}"
                    + ("; --spec-type none turns it off" if local_only else ""))
+    r.notes += [c for c in choice.considered if c.startswith(REGISTRY_UNAVAILABLE)]   # a warning, always
     r.details.append(f"why: {choice.reason}")
     r.details += [f"looked for drafts in {place}" for place in choice.searched]
     kinds = [choice.kind]                  # choice.kind is already llama.cpp's spec-type name

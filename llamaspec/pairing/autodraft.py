@@ -45,6 +45,11 @@ MAX_SIZE_RATIO = 0.6
 _LOW_BIT = ("IQ1", "IQ2", "Q2_", "TQ1", "TQ2", "Q1_")
 
 
+#: the note a broken or missing registry leaves in `considered`; callers show it always (a warning,
+#: not a reason), so a bad edit to a pairings file is never silent
+REGISTRY_UNAVAILABLE = "registry unavailable"
+
+
 @dataclass(frozen=True)
 class DraftChoice:
     kind: str                        # llama.cpp's spec type: draft-mtp | draft-dspark | draft-dflash |
@@ -233,7 +238,7 @@ def registry_choice(header: GGUFHeader, vocab: VocabInfo, *, offline: bool, allo
     try:
         reg = registry.load_registry()
     except LlamaspecError as exc:
-        notes.append(f"registry unavailable: {exc.message}")
+        notes.append(f"{REGISTRY_UNAVAILABLE}: {exc.message}")
         return None
     matches = reg.match(header.architecture, vocab)
     if not matches:
