@@ -164,7 +164,8 @@ class _Worker:
         return {"node": node, "pid": os.getpid(), "target_path": str(r.target_path),
                 "target_size": os.path.getsize(r.target_path), "target_ref": str(r.target_ref),
                 "draft_path": None if r.draft_path is None else str(r.draft_path),
-                "describe": self.g.describe(), "tuned": self.g.tuned, "notes": list(self.g.notes)}
+                "describe": self.g.describe(), "tuned": self.g.tuned, "notes": list(self.g.notes),
+                "details": list(r.details)}
 
     def run(self, requests: list[Request], parallel: int) -> list[Result]:
         out = []
@@ -198,7 +199,7 @@ class RayExecutor:
     """Actors on the connected cluster (`connect` first), each holding one Generator built with
     `Generator.from_options(model, options)`. workers None: one actor per node with a CPU; N: N
     actors spread over the nodes. `identity` is the first worker's load report (target path,
-    size, ref, describe(), tuned, notes); every worker must have loaded the same model size."""
+    size, ref, describe(), tuned, notes, details); every worker must have loaded the same model size."""
 
     def __init__(self, model: str | None, options: GenerationOptions, *, workers: int | None = None,
                  tuned: bool = True):

@@ -88,6 +88,8 @@ def batch(
         with _engine(model, opts, ray_address, ray_workers, ray_owned) as (g, ident):
             for note in ident["notes"]:
                 out.info(note)
+            for line in ident["details"]:   # why this draft, and where drafts were looked for (-v, as run)
+                out.detail(line)
             if warning := draft_size_warning(ident["target_path"], ident["draft_path"]):
                 out.warn(warning)
             io.check_or_write_manifest(
@@ -169,7 +171,7 @@ def _engine(model, opts: GenerationOptions, ray_address: str | None, ray_workers
             r = g.resolved
             yield g, {"target_path": r.target_path, "target_size": r.target_path.stat().st_size,
                       "target_ref": str(r.target_ref), "draft_path": r.draft_path, "describe": g.describe(),
-                      "tuned": g.tuned, "notes": g.notes}
+                      "tuned": g.tuned, "notes": g.notes, "details": r.details}
         return
     import ray
 

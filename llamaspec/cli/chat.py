@@ -61,6 +61,8 @@ def open_chat(model: str | None, options: GenerationOptions, out: Output, color:
         for note in g.notes:
             out.info(note)
         r = g.resolved
+        for line in r.details:   # why this draft, and where drafts were looked for (-v, as run)
+            out.detail(line)
         if warning := draft_size_warning(r.target_path, r.draft_path):
             out.warn(warning)
         out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")

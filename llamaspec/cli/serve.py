@@ -105,6 +105,8 @@ def serve(
         with Generator.from_options(model, replace(gen, ngram=ngram, parallel=parallel)) as g:
             for note in g.notes:
                 out.info(note)
+            for line in g.resolved.details:   # why this draft, and where drafts were looked for (-v, as run)
+                out.detail(line)
             if warning := draft_size_warning(g.resolved.target_path, g.resolved.draft_path):
                 out.warn(warning)
             name = Path(g.resolved.target_path).name
