@@ -56,8 +56,8 @@ SENTENCES = ["The river bends twice before it reaches the old mill by the bridge
 
 
 def long_prompt(tag: str, n_tokens: int) -> str:
-    """About n_tokens of SmolLM2's tokenizer (~15 tokens a sentence), starting with `tag`."""
-    n = max(1, n_tokens // 15)
+    """About n_tokens of SmolLM2's tokenizer (~18.5 tokens a numbered sentence), starting with `tag`."""
+    n = max(1, round(n_tokens / 18.5))
     body = " ".join(f"({i}) {SENTENCES[i % len(SENTENCES)]}" for i in range(n))
     return f"Notes {tag}. {body}\nWhich sentence mentions the lighthouse? Answer in one line."
 
