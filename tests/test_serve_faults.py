@@ -4,7 +4,7 @@
 - A storm of hostile requests fired while two greedy streams run: each gets a JSON 4xx (or a 200
   for the odd-but-valid ones), the streams give the text they give alone, the server ends idle and
   exits 0 on SIGTERM.
-- The test-only fault hook (LLAMASPEC_TEST_FAULT_HOOK=1, serve/scheduler.py): a fault at each
+- The test-only fault hook (LLAMASPEC_TEST_FAULT_HOOK=1, serve/job.py): a fault at each
   point of one request's life ends that request alone with a JSON 500 (or an SSE error event once
   its stream started), a failed shared step ends the requests of that step, a dead engine thread
   makes /health 503 and the process exit non-zero; the in-flight count is 0 after each.

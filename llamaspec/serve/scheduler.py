@@ -28,7 +28,6 @@ returning conversation reuses what the slot already evaluated (`engine._cached`)
 
 from __future__ import annotations
 
-import os
 import queue
 import sys
 import threading
@@ -36,67 +35,23 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from llamaspec.errors import LlamaspecError, UsageError
 from llamaspec.openai_format import param_of
+from llamaspec.serve.job import Job, fault_point
 from llamaspec.serve.prefill import PrefillBudget
-from llamaspec.serve.prompt_cache import MIN_TOKENS, PromptCache
-from llamaspec.speculative.prefix import common_prefix
+from llamaspec.serve.prompt_cache import PromptCache
+from llamaspec.serve.slots import pick_slot, swap_in
 
 if TYPE_CHECKING:
-    from llamaspec.generator import Generator, Request
+    from llamaspec.generator import Generator
     from llamaspec.speculative.sequence import SequenceRun
 
 MAX_PENDING = 1024   # requests waiting for a slot; beyond it: 503 (the client may retry)
 PREPARING_THREADS = 2   # render + tokenize: milliseconds each, the GIL held for most of it
 _WAKE = object()
 _STOP = object()
-
-#: Test-only fault injection (tests/test_serve_faults.py), off unless this variable is "1": a
-#: request whose prompt contains "<<fault:KIND>>" raises at that point. KIND is one of FAULT_KINDS:
-#: prepare / admit / text / step / finish raise an ordinary exception (the request, or for step
-#: the requests of that step, get a 500); engine raises past every handler (the engine thread dies).
-FAULT_HOOK_ENV = "LLAMASPEC_TEST_FAULT_HOOK"
-FAULT_KINDS = ("prepare", "admit", "text", "step", "finish", "engine")
-_FAULTS_ON = os.environ.get(FAULT_HOOK_ENV) == "1"
-
-
-class InjectedFault(RuntimeError):
-    pass
-
-
-class _InjectedDeath(BaseException):   # not an Exception: no handler of the loop stops it
-    pass
-
-
-def _fault(job: "Job", kind: str) -> None:
-    if _FAULTS_ON and f"<<fault:{kind}>>" in str(job.request.prompt):
-        raise (_InjectedDeath if kind == "engine" else InjectedFault)(f"injected fault: {kind}")
-
-
-@dataclass(eq=False)
-class Job:
-    id: str
-    request: "Request"
-    emit: Callable[[tuple], None]      # thread-safe: called from the engine thread
-    stream: bool = False
-    field_prompt: str = "messages"     # the request field holding the prompt (for errors)
-    cancelled: bool = False            # set by the handler (client gone); read by the engine thread
-    tokens: list[int] = field(default_factory=list)
-    config: Any = None
-    deadline: float = float("inf")     # time.monotonic() past which it ends (--timeout)
-    error: BaseException | None = None  # a failure while its text was sent: ends it at the next reap
-    ended: bool = False                # answered and counted out of the in-flight requests
-
-    def send(self, event: tuple) -> None:
-        """emit, never raising into the engine thread (a closed event loop: the client is gone)."""
-        try:
-            self.emit(event)
-        except Exception:  # noqa: BLE001
-            self.cancelled = True
-
 
 class Scheduler:
     """Owns `generator` from `start()` until `stop()` returns; see the module docstring."""
@@ -286,7 +241,7 @@ class Scheduler:
         if job.cancelled:
             return self._finished(job)
         try:
-            _fault(job, "prepare")
+            fault_point(job, "prepare")
             job.config = self.gen._config(job.request)
             job.tokens = self.gen.tokenize(job.request.prompt, job.request.chat)
         except UsageError as e:
@@ -318,9 +273,10 @@ class Scheduler:
                 continue
             slot, seq = None, None
             try:
-                _fault(job, "admit")
-                slot, shared = self._pick_slot(job.tokens)
-                self._swap_in(slot, job.tokens, shared)
+                fault_point(job, "admit")
+                slot, shared = pick_slot(self.engine._cached, self.parallel, self._active, self._last_used,
+                                         job.tokens)
+                swap_in(self.prompt_cache, self.engine, slot, job.tokens, shared)
                 on_text = self._text_sink(job) if job.stream else None
                 seq = SequenceRun(self.engine, slot, job.tokens, job.config, on_text)
                 seq.start() if self.prefill is None else seq.begin()   # begin: its prompt comes in chunks
@@ -341,7 +297,7 @@ class Scheduler:
             if job.error is not None:
                 return
             try:
-                _fault(job, "text")
+                fault_point(job, "text")
                 job.emit(("text", piece))
             except Exception as e:  # noqa: BLE001
                 job.error = e
@@ -362,50 +318,12 @@ class Scheduler:
             traceback.print_exc(file=sys.stderr)
             self.engine._cached.pop(slot, None)
 
-    def _swap_in(self, slot: int, tokens: list[int], here: int) -> None:
-        """Before `tokens` take `slot`, whose KV shares `here` tokens with them: save the slot's KV
-        to the RAM prompt cache if the new prompt would cut much of it, and restore a saved state
-        that shares a longer prefix with it."""
-        cache, ctx = self.prompt_cache, self.engine.ctx
-        if cache is None:
-            return
-        cached = self.engine._cached.get(slot, [])
-        if len(cached) - here >= MIN_TOKENS:
-            cache.put(cached, ctx.save_seq(slot))
-        # (the last prompt token is always evaluated, for its logits)
-        key, n = cache.best(tokens, limit=len(tokens) - 1)
-        if key is None or n < here + MIN_TOKENS:
-            return
-        try:
-            ctx.load_seq(cache.get(key), slot)
-        except LlamaspecError:   # no room for it in the KV cache now: evaluate as usual
-            ctx.seq_rm(slot, 0, -1)
-            self.engine._cached[slot] = []
-            return
-        self.engine._cached[slot] = list(key)
-
-    def _pick_slot(self, tokens: list[int]) -> tuple[int, int]:
-        """The free slot whose KV cache shares the longest prefix with `tokens` (ties: the least
-        recently used), and that prefix's length. How much of it is reused is the engine's to say
-        (a drafter fed by the target's hidden states may need part of it evaluated again): stats'
-        n_prompt_cached."""
-        best = None
-        for slot in range(self.parallel):
-            if slot in self._active:
-                continue
-            cached = self.engine._cached.get(slot, [])
-            n = common_prefix(cached, tokens, limit=len(tokens) - 1)
-            key = (n, -self._last_used[slot])
-            if best is None or key > best[0]:
-                best = (key, slot, n)
-        return best[1], best[2]
-
     def _step(self) -> None:
         seqs = [seq for _, seq in self._active.values()]
         try:
             for job, _ in self._active.values():
-                _fault(job, "step")
-                _fault(job, "engine")
+                fault_point(job, "step")
+                fault_point(job, "engine")
             self._shared_step(seqs)
         except Exception as e:  # noqa: BLE001 - fail the requests of this step, keep serving the next ones
             if not isinstance(e, LlamaspecError):
@@ -450,7 +368,7 @@ class Scheduler:
             self._uses += 1
             self._last_used[slot] = self._uses
             try:
-                _fault(job, "finish")
+                fault_point(job, "finish")
                 result = self.gen._result(job.id, seq.finish())
                 cache_n = result.stats.get("n_prompt_cached", 0)
                 self.metrics.finished(result, cache_n)
