@@ -119,3 +119,26 @@ def must_be(name: str, low: float | None = None, high: float | None = None, *, o
     """'NAME must be <bounds>[ (note)][, got VALUE]'."""
     text = f"{name} must be {bounds(low, high, open_low=open_low)}" + (f" ({note})" if note else "")
     return text if got is None else f"{text}, got {got}"
+
+
+#: the widest integer any field takes (OpenAI and vLLM take int64 seeds)
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+#: besides 0, the sizes a sampling number may have: float32's normal range, as llama.cpp's samplers
+#: compute in float32 (a repeat_penalty of 1e-300 or 1e300 would turn logits into inf and NaN)
+FLOAT32_TINY, FLOAT32_MAX = 1.1754944e-38, 3.4028235e38
+SAMPLING_NUMBER = f"a finite number, 0 or between {FLOAT32_TINY:.3g} and {FLOAT32_MAX:.3g} in size"
+
+
+def sampling_number_ok(v: int | float) -> bool:
+    """A number a sampler can use: finite, 0 or of a size float32 holds (no denormal such as 1e-310).
+    The one rule for every way in: SamplingParams, and request bodies (which name the field).
+
+        >>> sampling_number_ok(0.8), sampling_number_ok(0), sampling_number_ok(1e-310), sampling_number_ok(1e300)
+        (True, True, False, False)
+    """
+    try:
+        f = abs(float(v))
+    except OverflowError:   # an integer past float's range
+        return False
+    return f == 0 or FLOAT32_TINY <= f <= FLOAT32_MAX

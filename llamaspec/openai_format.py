@@ -26,8 +26,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from llamaspec.errors import UsageError
-from llamaspec.openai_unsupported import FLOAT32_MAX, FLOAT32_TINY, sampling_number_ok, unsupported_field
+from llamaspec.errors import INT64_MAX, INT64_MIN, SAMPLING_NUMBER, UsageError, sampling_number_ok
+from llamaspec.openai_unsupported import unsupported_field
 
 CHAT, COMPLETION = "chat", "completion"
 
@@ -76,14 +76,13 @@ def jtype(v: Any) -> str:
     return {str: "string", int: "number", float: "number", list: "array", dict: "object"}.get(type(v), "value")
 
 
-INT64 = (-(1 << 63), (1 << 63) - 1)   # OpenAI and vLLM take int64 seeds; the widest integer any field takes
 
 
 def _int(body: dict, key: str) -> int | None:
     v = body.get(key)
     if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
         raise RequestError(f"{key} must be an integer, got {jtype(v)}", key)
-    if v is not None and not INT64[0] <= v <= INT64[1]:
+    if v is not None and not INT64_MIN <= v <= INT64_MAX:
         raise RequestError(f"{key} must be a 64-bit integer (between -2^63 and 2^63-1), got {_shown(v)}", key)
     return v
 
@@ -94,8 +93,7 @@ def _num(body: dict, key: str) -> float | None:
         raise RequestError(f"{key} must be a number, got {jtype(v)}", key)
     if v is not None and not sampling_number_ok(v):
         shown = _shown(v) if isinstance(v, int) else repr(v)
-        raise RequestError(f"{key} must be a finite number, 0 or between {FLOAT32_TINY:.3g} and {FLOAT32_MAX:.3g} "
-                           f"in size (got {shown})", key)
+        raise RequestError(f"{key} must be {SAMPLING_NUMBER} (got {shown})", key)
     return None if v is None else float(v)
 
 

@@ -13,19 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-#: the sizes a sampling number may have besides 0: float32's normal range, as the samplers compute
-#: in float32 (a repeat_penalty of 1e-300 or 1e300 would turn logits into inf and NaN)
-FLOAT32_TINY, FLOAT32_MAX = 1.1754944e-38, 3.4028235e38
-
-
-def sampling_number_ok(v: int | float) -> bool:
-    """A number a sampler can use: finite, 0 or of a size float32 holds (no denormal such as 1e-310)."""
-    try:
-        f = abs(float(v))
-    except OverflowError:   # an integer past float's range
-        return False
-    return f == 0 or FLOAT32_TINY <= f <= FLOAT32_MAX
-
+from llamaspec.errors import sampling_number_ok
 
 def _off(v: Any) -> bool:
     return v is None or v is False

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from llamaspec import openai_format as fmt
+from llamaspec.errors import INT64_MAX, INT64_MIN
 from llamaspec.speculative.sequence import StopStrings
 
 MSG = [{"role": "user", "content": "Hi"}]
@@ -98,7 +99,7 @@ def test_sampling_numbers_in_range_pass():
 
 @pytest.mark.parametrize("field", ["seed", "top_k", "max_tokens"])
 def test_integers_are_int64(field):
-    lo, hi = fmt.INT64
+    lo, hi = INT64_MIN, INT64_MAX
     _refused(field, **{field: hi + 1})
     _refused(field, **{field: lo - 1})
     if field == "seed":

@@ -4,9 +4,7 @@ once for every way in: CLI flags, the Generator, batch lines and server requests
 
 from __future__ import annotations
 
-import math
 import operator
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +32,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         """Validated once, here, for every way in (CLI flags, Generator, batch lines, requests)."""
-        from llamaspec.errors import UsageError
+        from llamaspec.errors import SAMPLING_NUMBER, UsageError, sampling_number_ok
 
         for name, ok, rule in (("temperature", lambda v: v >= 0, ">= 0 (0 = greedy)"),
                                ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
@@ -48,9 +46,8 @@ class SamplingParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
                 raise UsageError(f"{name} must be a number {rule}, not {value!r}")
-            if not _normal_number(value):   # inf, NaN, 1e-310: a sampler would divide into inf or NaN
-                raise UsageError(f"{name} must be a finite number, 0 or at least {sys.float_info.min:.3g} "
-                                 f"in size, not {value!r}")
+            if not sampling_number_ok(value):   # inf, NaN, 1e-310, 1e300: logits would turn inf or NaN
+                raise UsageError(f"{name} must be {SAMPLING_NUMBER}, not {value!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
             raise UsageError(f"top_k must be an integer (<= 0: off), not {self.top_k!r}")
         object.__setattr__(self, "seed", check_seed(self.seed))
@@ -72,7 +69,6 @@ class SamplingParams:
 
 #: seeds that mean "a random seed", as in llama.cpp: -1 and LLAMA_DEFAULT_SEED (0xFFFFFFFF)
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1   # the seeds OpenAI and vLLM take
 
 
 def check_seed(seed: object) -> int | None:
@@ -86,7 +82,7 @@ def check_seed(seed: object) -> int | None:
         ...
         llamaspec.errors.UsageError: seed must be a 64-bit integer (between -2^63 and 2^63-1; -1: random), not 9223372036854775808
     """
-    from llamaspec.errors import UsageError
+    from llamaspec.errors import INT64_MAX, INT64_MIN, UsageError
 
     if seed is None:
         return None
@@ -106,12 +102,3 @@ def seed_entropy(seed: int | None) -> int | None:
         (18446744073709551611, 5, None)
     """
     return None if seed is None else seed % (1 << 64)
-
-
-def _normal_number(v: int | float) -> bool:
-    """Finite and not a denormal (0 is fine)."""
-    try:
-        f = float(v)
-    except OverflowError:   # an integer past float's range
-        return False
-    return math.isfinite(f) and (f == 0 or abs(f) >= sys.float_info.min)
