@@ -65,9 +65,10 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def top2_gap(target: Model, prompt: list[int], generated_prefix: list[int], threads: int = 1) -> float:
+def top2_gap(target: Model, prompt: list[int], generated_prefix: list[int], threads: int = 1,
+             n_ctx: int = 1024) -> float:
     """Gap between the target's two best logits after prompt + generated_prefix."""
-    ctx = Context(target, ContextConfig(n_ctx=1024, n_threads=threads))
+    ctx = Context(target, ContextConfig(n_ctx=n_ctx, n_threads=threads))
     try:
         n = ctx.decode(prompt + generated_prefix, 0, 0, "last")
         row = np.sort(ctx.logits(n)[0].astype(np.float64))
@@ -77,12 +78,12 @@ def top2_gap(target: Model, prompt: list[int], generated_prefix: list[int], thre
 
 
 def assert_lossless(target: Model, prompt: list[int], reference: list[int], got: list[int], eps: float,
-                    label: str) -> str:
+                    label: str, n_ctx: int = 1024) -> str:
     """Identical, or a near-tie flip; returns a note for the report."""
     i = first_divergence(reference, got)
     if i is None:
         return f"{label}: identical ({len(got)} tokens)"
-    gap = top2_gap(target, prompt, reference[:i])
+    gap = top2_gap(target, prompt, reference[:i], n_ctx=n_ctx)
     assert gap < eps, (f"{label}: diverged at token {i} where the target's top-2 logit gap is {gap:.4f} "
                        f"(>= {eps}): a real divergence, not float noise")
     return f"{label}: near-tie flip at token {i} (top-2 gap {gap:.4f})"
