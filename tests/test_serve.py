@@ -61,10 +61,13 @@ class Server:
         self.log = tmp / f"serve-{self.port}.log"
         full_env = {**os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
+        # -c is shared by the slots (llama-server's meaning): 1024 tokens per slot unless args say otherwise
+        slots = int(args[args.index("--parallel") + 1]) if "--parallel" in args else 1
+        ctx = [] if "--kv-unified-per-slot" in args else ["-c", str(1024 * slots)]
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "llamaspec", "serve", str(model), "--port", str(self.port), "-t", "1",
-                 "-c", "1024", "--temp", "0", *args], stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                 *ctx, "--temp", "0", *args], stdout=log, stderr=subprocess.STDOUT, env=full_env,
                 preexec_fn=default_signals)
         deadline = time.monotonic() + HANG_GUARD_S
         while time.monotonic() < deadline:
@@ -166,7 +169,7 @@ def test_bad_requests_are_400_naming_the_field_and_the_server_goes_on(server):
         err = e.value.body
         assert e.value.status_code == 400 and err["param"] == param and err["type"] == "invalid_request_error", err
         assert param in err["message"]
-    with pytest.raises(openai.BadRequestError) as e:   # a prompt longer than the context (-c 1024)
+    with pytest.raises(openai.BadRequestError) as e:   # a prompt longer than a slot's context (-c 4096 / 4)
         client.completions.create(model="x", prompt="hello " * 1500, max_tokens=4)
     assert e.value.body["code"] == "context_length_exceeded" and e.value.body["param"] == "prompt"
     # a 9 MiB body: refused from its Content-Length, before the server reads it

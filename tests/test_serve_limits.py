@@ -9,10 +9,12 @@ builds, served by uvicorn in a thread) where a test must reach a queued job."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
 
+import openai
 import pytest
 
 from llamaspec import openai_format as fmt
@@ -349,3 +351,46 @@ def test_suffix_scope_request_keeps_finished_requests_out_of_the_index(tiny_mode
             sched.stop()
         assert events[-1][0] == "done", events
         assert (len(suffix.tree.toks) > 0) is shared
+
+
+def test_slot_context_follows_llama_server():
+    import doctest
+
+    from llamaspec.serve import context_size
+
+    assert doctest.testmod(context_size).failed == 0
+    # -c 4096 -np 4 leaves 1024 a slot: a cap of 2048 cannot bind, and says so
+    s = context_size.slot_context(4096, 2048, 4)
+    assert s.per_slot == 1024 and "no effect" in s.warning and "--kv-unified-per-slot 2048" in s.warning
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [("-c", "2048"), ("--kv-unified-per-slot", "512")])
+def test_ctx_size_is_shared_by_the_slots_as_llama_servers(smollm2_q4, tmp_path, flags):
+    """`--parallel 4 -c 2048` gives each slot 512 tokens (llama-server's n_ctx / n_parallel), as
+    does `--kv-unified-per-slot 512`; the start-up line says so. A prompt must leave a slot room for
+    one token, as llama-server's: 511 tokens run, 512 are a 400 'exceeds the available context
+    size', and so are 600 (less than the 2048 shared, more than a slot's)."""
+    from test_serve import Server
+
+    s = Server(smollm2_q4, "--parallel", "4", *flags, tmp=tmp_path)
+    try:
+        client = s.client()
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="x", prompt="hello " * 600, max_tokens=1)
+        err = e.value.body
+        assert err["code"] == "context_length_exceeded" and err["param"] == "prompt", err
+        assert "exceeds the available context size (512 tokens per slot)" in err["message"], err
+        n = int(re.search(r"\((\d+) tokens\)", err["message"])[1])
+        extra = n - 600   # the tokens around the words (one per "hello ")
+        r = client.completions.create(model="x", prompt="hello " * (511 - extra), max_tokens=4)
+        # runs to the full slot (llama-server stops one token earlier: it keeps room for the last one's KV)
+        assert r.usage.prompt_tokens == 511 and r.choices[0].finish_reason == "length", r.usage
+        assert 1 <= r.usage.completion_tokens <= 2, r.usage
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="x", prompt="hello " * (512 - extra), max_tokens=1)
+        assert "request (512 tokens) exceeds the available context size" in e.value.body["message"]
+    finally:
+        assert s.stop() == 0, s.log.read_text()
+    assert "context 2048 tokens shared by 4 slots: 512 per slot" in s.log.read_text()

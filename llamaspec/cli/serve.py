@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from llamaspec.cli._generation import TargetArg, generation_flags
-from llamaspec.cli._options import at_least, draft_size_warning, in_range, ngram_flags, output_flags
+from llamaspec.cli._options import CTX_SIZE_CHECK, at_least, draft_size_warning, in_range, ngram_flags, output_flags
 from llamaspec.cli._output import Output
 from llamaspec.cli.app import app
 from llamaspec.errors import LlamaspecError, UsageError
@@ -39,7 +39,26 @@ def require_server_extra() -> None:
                              EXTRA_HINT) from None
 
 
+# -c means what llama-server's means: the context of the whole KV cache, shared by the slots.
+ServeCtxSizeOpt = Annotated[Optional[int], typer.Option(
+    "-c", "--ctx-size", help="Context size in tokens shared by the --parallel slots, as llama-server's "
+                             "(-np 4 -c 8192: 2048 tokens per slot; default 4096 per slot, capped at the model's "
+                             "training context; 0: the training context, shared).", callback=CTX_SIZE_CHECK)]
+
+
+def _shared_ctx_help(command):
+    """serve's -c says it is shared (run's and batch's is per sequence): the same flag, its own help."""
+    import inspect
+
+    sig = inspect.signature(command)
+    params = [p.replace(annotation=ServeCtxSizeOpt) if p.name == "ctx_size" else p for p in sig.parameters.values()]
+    command.__signature__ = sig.replace(parameters=params)
+    command.__annotations__["ctx_size"] = ServeCtxSizeOpt
+    return command
+
+
 @app.command()
+@_shared_ctx_help
 @output_flags
 @ngram_flags
 @generation_flags
@@ -67,6 +86,10 @@ def serve(
         "--cors-origins", metavar="ORIGINS",
         help="Comma-separated origins whose web pages may call the API (e.g. http://localhost:3000; "
              "default: none).")] = None,
+    kv_unified_per_slot: Annotated[Optional[int], typer.Option(
+        "--kv-unified-per-slot", metavar="N",
+        help="Context per slot, as llama-server's: caps each slot at N tokens; without -c the KV cache "
+             "is sized to --parallel x N.", callback=at_least("--kv-unified-per-slot", 1))] = None,
     suffix_scope: Annotated[SuffixScope, typer.Option(
         "--suffix-scope", case_sensitive=False,
         help="What the suffix drafter learns from: 'shared', every finished request (faster on repeated "
@@ -85,6 +108,7 @@ def serve(
     from llamaspec.runtime.llama import set_llama_log
     from llamaspec.serve import server
     from llamaspec.serve.app import create_app, is_loopback
+    from llamaspec.serve.context_size import describe, slot_context
     from llamaspec.serve.scheduler import Scheduler
 
     if api_key is not None and not api_key.strip():
@@ -95,6 +119,9 @@ def serve(
         from llamaspec.openai_format import NO_LIMIT   # max_tokens omitted: until end-of-generation or a full context
 
         gen = replace(gen, max_tokens=NO_LIMIT)
+    sizes = slot_context(gen.ctx_size, kv_unified_per_slot, parallel,
+                         _train_context(model, gen.offline) if gen.ctx_size == 0 else None)
+    gen = replace(gen, ctx_size=sizes.per_slot)
     sock = server.bind(host, port)   # a port in use fails before the model loads
     loopback = is_loopback(host)
     if not loopback and key is None:
@@ -107,6 +134,8 @@ def serve(
                 out.info(note)
             for line in g.resolved.details:   # why this draft, and where drafts were looked for (-v, as run)
                 out.detail(line)
+            if sizes.warning:
+                out.warn(sizes.warning)
             if warning := draft_size_warning(g.resolved.target_path, g.resolved.draft_path):
                 out.warn(warning)
             name = Path(g.resolved.target_path).name
@@ -115,8 +144,8 @@ def serve(
             web = create_app(sched, model_name=name, api_key=key, cors_origins=origins, loopback_only=loopback)
             sched.start()
             bound = sock.getsockname()
-            out.info(f"serving {name} on http://{_url_host(bound[0])}:{bound[1]}/v1 ({parallel} slot"
-                     f"{'s' if parallel > 1 else ''}, {g.n_ctx} tokens each, spec {g.spec_label}"
+            out.info(f"serving {name} on http://{_url_host(bound[0])}:{bound[1]}/v1 ({describe(g.n_ctx, parallel)}, "
+                     f"spec {g.spec_label}"
                      f"{', API key required' if key else ''})")
             try:
                 signalled = server.run(web, sched, sock, verbose=out.verbose)
@@ -128,6 +157,18 @@ def serve(
         sock.close()
     if signalled is not None:
         out.info("stopped")
+
+
+def _train_context(model: str | None, offline: bool) -> int | None:
+    """The model's training context (-c 0 shares it between the slots, as llama-server does)."""
+    from llamaspec import hub
+    from llamaspec.resolve import default_target
+    from llamaspec.runtime.memory import context_length
+
+    try:
+        return context_length(hub.resolve_model(model or default_target(), offline=offline)) or None
+    except (OSError, ValueError):   # the load that follows reports a bad file precisely
+        return None
 
 
 def _url_host(addr: str) -> str:

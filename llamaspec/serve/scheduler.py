@@ -251,9 +251,10 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001
             return self._crash(job, e)
         n_ctx = self.gen.n_ctx
-        if len(job.tokens) > n_ctx:
-            return self._fail(job, 400, f"the prompt is {len(job.tokens)} tokens, longer than the context of "
-                                        f"{n_ctx} tokens per slot", job.field_prompt, "context_length_exceeded")
+        if len(job.tokens) >= n_ctx:   # llama-server's rule: a prompt must leave room for one token
+            return self._fail(job, 400, f"the request ({len(job.tokens)} tokens) exceeds the available context size "
+                                        f"({n_ctx} tokens per slot), try increasing it", job.field_prompt,
+                              "context_length_exceeded")
         job.send(("accepted", len(job.tokens)))
         with self._idle:   # (a dying engine thread empties the inbox under this lock, stop() sets _stopping)
             if self.dead is None and not self._stopping:
