@@ -13,13 +13,13 @@ import pytest
 
 from llamaspec.speculative import match_controller
 from llamaspec.speculative.controller import CostModel, DraftLengthController
-from llamaspec.speculative.drafters import prompt_lookup
+from llamaspec.speculative.drafters import copy_learner, prompt_lookup
 from llamaspec.speculative.drafters.prompt_lookup import PromptLookupDrafter, prompt_lookup_draft
 from llamaspec.speculative.match_controller import CopyStats, MatchController
 
 
 def test_docstring_examples():
-    for mod in (prompt_lookup, match_controller):
+    for mod in (prompt_lookup, match_controller, copy_learner):
         result = doctest.testmod(mod)
         assert result.failed == 0 and result.attempted > 0
 

@@ -133,6 +133,31 @@ def test_the_drafter_asks_the_limit_with_its_match():
     assert not d.propose_within(0, [0, 3, 4, 5], lambda dr, match=None: 0)   # the controller said no
 
 
+def test_the_draft_runs_the_whole_frequent_path_and_its_evidence_prices_a_divergence():
+    # Two earlier texts agree on 4 5 6 after "2 3", then split 7 / 8: the draft is the whole
+    # path (not factor * L = 2 tokens) and p at the split is halved (one occurrence of two goes on)
+    d = SuffixDrafter()
+    d.tree.add([1, 2, 3, 4, 5, 6, 7, 20])
+    d.tree.add([9, 2, 3, 4, 5, 6, 8, 21])
+    d.begin(0, [0, 2, 3])
+    seen = []
+    draft = d.propose_within(0, [0, 2, 3], lambda dr, match=None: seen.append(match) or 32)
+    ev = seen[0]
+    assert int(ev) == 2 and draft.tokens == [4, 5, 6, 8, 21]    # the tie: the latest text
+    assert ev.probs[0] == ev.probs[1] == ev.probs[2] and ev.probs[3] == pytest.approx(ev.probs[2] / 2)
+
+
+def test_a_contested_match_is_sized_as_the_shortest():
+    # "1 2 3" matches 3 tokens before 4, "2 3" 2 tokens before 9: a rival one token shorter with
+    # another next token makes the 3-token match no better than a guess between two places
+    d = SuffixDrafter()
+    d.tree.add([1, 2, 3, 4, 4, 4, 7, 2, 3, 9])
+    d.begin(0, [5, 1, 2, 3])
+    seen = []
+    d.propose_within(0, [5, 1, 2, 3], lambda dr, match=None: seen.append(match) or 0)
+    assert seen == [2]
+
+
 def test_spec_type_parses_and_chains():
     assert parse_spec_types("suffix,prompt-lookup") == ["prompt-lookup", "suffix"]
     assert parse_spec_types("suffix,draft") == ["suffix", "draft-simple"]

@@ -27,7 +27,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from llamaspec.speculative.drafters.base import Draft, Drafter, announce
-from llamaspec.speculative.match_controller import AGREEMENT_EDGES, CopyEvidence, CopyStats, agreement_bucket
+from llamaspec.speculative.drafters.copy_learner import PREDICTION_MAX, CopyLearner, contested
+from llamaspec.speculative.match_controller import CopyEvidence
 
 __all__ = ["prompt_lookup_draft", "PromptLookupDrafter"]
 
@@ -79,45 +80,12 @@ def prompt_lookup_draft(history: Sequence[int], n_max_draft: int, n_min: int = 2
     return [int(t) for t in history[best_j + 1:best_j + 1 + n_max_draft]], best_n
 
 
-#: a copy that broke after agreeing for this many tokens was refused by the model at that token
-#: (a renamed identifier, "\n" for the source's "\n\n"); shorter ones were the wrong place
-REFUSAL_AGREEMENT = 4
-
-
 @dataclass
 class _Seq:
     ends: dict = field(default_factory=dict)  # last n_min tokens (tuple) -> positions where they end
     indexed: int = 0                          # positions < indexed are in `ends`
     first: int = -1                           # history[0] when indexed, to notice a new history
-    stats: CopyStats = field(default_factory=lambda: CopyStats(decay=STATS_DECAY))
-    held: dict = field(default_factory=dict)     # source token -> times the text copied it
-    refused: dict = field(default_factory=dict)  # source token -> times a confident copy broke there
-    pending: tuple | None = None              # (source start, len(history), evidence) of the last lookup
-
-
-#: the continuation statistics forget this much per step (the text moves on: a copied stretch,
-#: then free text)
-STATS_DECAY = 0.95
-
-
-def _learn(s: _Seq, history: Sequence[int]) -> None:
-    """What the last lookup's source predicted against what the text did since (drafted or not):
-    continuations and the break, per agreement length and per source token."""
-    if s.pending is None:
-        return
-    src, h0, m0 = s.pending
-    s.pending = None
-    new = len(history) - h0
-    if new <= 0 or m0 <= 0:
-        return
-    i = 0
-    while i < new and src + i < h0 and history[src + i] == history[h0 + i]:
-        s.held[history[src + i]] = s.held.get(history[src + i], 0) + 1
-        i += 1
-    broke = i < new and src + i < h0
-    s.stats.observe(m0, i + (1 if broke else 0), i)
-    if broke and m0 + i >= REFUSAL_AGREEMENT:
-        s.refused[history[src + i]] = s.refused.get(history[src + i], 0) + 1
+    learner: CopyLearner = field(default_factory=CopyLearner)   # what copies did in this text
 
 
 class PromptLookupDrafter(Drafter):
@@ -208,41 +176,29 @@ class PromptLookupDrafter(Drafter):
         position: p(agreement) of the sequence's statistics, times (held + 1) / (held + refused
         + 1) of the source token (a token the text refused to copy before is likely refused
         again); at most size_m positions, up to and including an end-of-generation token."""
-        s = self._seqs[seq_id]
         src = history[start:start + self.size_m]
         if self.is_stop is not None:
             for i, t in enumerate(src):
                 if self.is_stop(int(t)):
                     src = src[:i + 1]
                     break
-        # p by agreement bucket, computed once per bucket (a draft can be hundreds of tokens)
-        bucket_p = [s.stats.p(edge) for edge in AGREEMENT_EDGES] + [s.stats.p(AGREEMENT_EDGES[-1] + 1)]
-        last = AGREEMENT_EDGES[-1]
-        probs = [bucket_p[agreement_bucket(g)] for g in range(match, min(match + len(src), last + 1))]
-        probs += [bucket_p[-1]] * (len(src) - len(probs))
-        if s.refused:
-            for i, t in enumerate(src):
-                refused = s.refused.get(t)
-                if refused:
-                    held = s.held.get(t, 0)
-                    probs[i] *= (held + 1) / (held + refused + 1)
-        return CopyEvidence(match, probs)
+        return self._seqs[seq_id].learner.evidence(match, src)
 
     def evidence(self, n: int, rival: int) -> int:
         """The match length the controller sizes a draft by: n, or n_min when another place with
         another next token matches as long (a guess between them, however long n is)."""
-        return n if rival + 1 < min(n, self.n_max) else min(n, self.n_min)
+        return contested(n, rival, self.n_min, self.n_max)
 
     def propose_within(self, seq_id: int, history: Sequence[int],
                        limit: Callable[..., int]) -> Draft:
         # The match comes first so the controller can size the draft by it.
         announce(limit, self)
-        _learn(self._seq(seq_id, history), history)
+        self._seq(seq_id, history).learner.learn(history)
         j, n, rival = self.locate(seq_id, history)
         if j < 0:
             return Draft([], None, self.name)
         ev = self.continuation(seq_id, history, j + 1, self.evidence(n, rival))
-        self._seqs[seq_id].pending = (j + 1, len(history), int(ev))
+        self._seqs[seq_id].learner.expect(history[j + 1:j + 1 + PREDICTION_MAX], len(history), int(ev))
         k = min(limit(self, ev), len(ev.probs))
         if k <= 0:
             return Draft([], None, self.name)

@@ -24,7 +24,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from llamaspec.speculative.drafters.base import Draft, Drafter, announce
-from llamaspec.speculative.drafters.suffix_tree import SuffixIndex, speculate
+from llamaspec.speculative.drafters.copy_learner import CopyLearner, contested
+from llamaspec.speculative.drafters.suffix_tree import SuffixDraft, SuffixIndex, follow, shares, speculate
 
 __all__ = ["SuffixDrafter", "DEFAULT_MAX_TOKENS"]
 
@@ -38,6 +39,7 @@ class _Seq:
         self.index = SuffixIndex(n)         # over the history seen by propose
         self.seen = 0                       # history tokens in `index`
         self.first = prompt[0] if len(prompt) else None
+        self.learner = CopyLearner()        # how far this request's text followed earlier copies
 
 
 class SuffixDrafter(Drafter):
@@ -90,28 +92,40 @@ class SuffixDrafter(Drafter):
             s.seen = len(history)
         return s
 
-    def find(self, seq_id: int, history: Sequence[int]):
+    def find(self, seq_id: int, history: Sequence[int]) -> SuffixDraft:
         """The better of this request's and the global index's drafts (a SuffixDraft), at most
         size_m tokens."""
-        s = self._local(seq_id, history)
+        return self._find(self._local(seq_id, history), history)[0]
+
+    def _find(self, s: _Seq, history: Sequence[int]) -> tuple[SuffixDraft, SuffixIndex]:
         kw = dict(factor=self.factor, offset=self.offset, min_prob=self.min_prob, n_max=self.n_max)
         # the request's own text: a match must end before its last token (that is the context)
         local = speculate(s.index, history, self.size_m, before=s.index.end - 1, **kw)
         if not self.tree.texts:
-            return local
+            return local, s.index
         glob = speculate(self.tree, history, self.size_m, **kw)
-        return glob if glob.score > local.score else local
+        return (glob, self.tree) if glob.score > local.score else (local, s.index)
 
     def propose_within(self, seq_id: int, history: Sequence[int],
                        limit: Callable[..., int]) -> Draft:
         announce(limit, self)   # looked for, and timed, even when nothing is found
-        d = self.find(seq_id, history)
+        s = self._local(seq_id, history)
+        s.learner.learn(history)
+        d, ix = self._find(s, history)
         if not d.tokens:
             return Draft([], None, self.name)
-        k = limit(self, d.match)
+        # The match was chosen by SuffixDecoding's score; the draft's length is the controller's,
+        # from the whole frequent path (not only factor * L tokens): p per position is what this
+        # text did after copies (agreement, refused tokens) times the share of the earlier
+        # occurrences that go on this way (all agree: 1; they split: the divergence costs).
+        path = follow(ix, d.positions, self.size_m, self.min_prob)
+        match = contested(d.match, d.rival, self.n_min, self.n_max)
+        ev = s.learner.evidence(match, path.tokens, shares(path.probs))
+        s.learner.expect(path.tokens, len(history), match)
+        k = min(limit(self, ev), len(path.tokens))
         if k <= 0:
             return Draft([], None, self.name)
-        return Draft(d.tokens[:k], None, self.name, match=d.match)
+        return Draft(path.tokens[:k], None, self.name, match=ev)
 
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
         return self.propose_within(seq_id, history, lambda d, match=None: n_max)

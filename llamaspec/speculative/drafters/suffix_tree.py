@@ -48,7 +48,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-__all__ = ["SEP", "MAX_CANDIDATES", "SuffixIndex", "SuffixDraft", "follow", "speculate"]
+__all__ = ["SEP", "MAX_CANDIDATES", "SuffixIndex", "SuffixDraft", "follow", "shares", "speculate"]
 
 #: ends every text in the index: no token id equals it, so no match or path crosses two texts
 SEP = -1
@@ -63,6 +63,8 @@ class SuffixDraft:
     probs: list[float] = field(default_factory=list)   # path probability after each token
     score: float = 0.0                                  # sum of probs: tokens expected accepted
     match: int = 0                                      # L, the context tokens matched
+    positions: list[int] = field(default_factory=list)  # where those L tokens end (the node)
+    rival: int = 0          # the longest match among the places whose next token differs
 
 
 class SuffixIndex:
@@ -237,6 +239,22 @@ def speculate(ix: SuffixIndex, context: Sequence[int], n_tokens: int, *, factor:
             break
         d = follow(ix, [p for p, _ in found[:i]], cap, min_prob)
         if d.tokens and d.score > best.score:
-            d.match = L
+            d.match, d.positions = L, [p for p, _ in found[:i]]
             best = d
+    if best.tokens:
+        best.rival = max((L for p, L in found if ix.at(p + 1) != best.tokens[0]), default=0)
     return best
+
+
+def shares(probs: Sequence[float]) -> list[float]:
+    """Each token's share of the occurrences still on the path before it (path probabilities
+    -> conditional ones): what fraction of the earlier places that agreed so far go on this way.
+
+        >>> [round(s, 2) for s in shares([1.0, 0.67, 0.67, 0.33])]
+        [1.0, 0.67, 1.0, 0.49]
+    """
+    out, prev = [], 1.0
+    for p in probs:
+        out.append(p / prev if prev > 0 else 0.0)
+        prev = p
+    return out
