@@ -62,11 +62,13 @@ def doctor(*, out: Output) -> None:
 
     info = collect()
     info["offload"] = offload_report()   # devices, free memory, what -ngl/-ngld auto does here
-    from llamaspec.runtime.wait_policy import applied, choose
+    from llamaspec.runtime import wait_policy
 
-    # what run/batch/serve choose now (OMP_WAIT_POLICY); the CLI's start-up may have set it for
-    # this very process, which is not "set by you"
-    info["thread_wait"] = applied() or choose(None).reason
+    # what this process chose at start-up (cli/__init__.py), as run/batch/serve choose it
+    policy = wait_policy.chosen() or wait_policy.choose(None)
+    info["thread_wait"] = policy.reason
+    info["thread_wait_env"] = policy.env
+    info["openmp_runtime"] = wait_policy.openmp_runtime()
     if out.verbose:
         out.detail(info["system_info"])
     out.data(info, human=lambda c: _render(info, c), quiet=info["llama_cpp_python"])

@@ -1,40 +1,151 @@
-"""How llama.cpp's OpenMP threads wait at a barrier, chosen from how busy the machine is now.
+"""How llama.cpp's OpenMP threads wait at a barrier: a bounded spin, chosen without sampling the load.
 
-llama.cpp's CPU backend runs its threads under OpenMP, which spins at every barrier by default. On
-a machine where other work already runs, a spinning thread burns whole scheduler slices waiting
-for a descheduled peer: measured here, 32 tokens of SmolLM2 at -t 2 under a load of 11 on 2 cores
-took 74 s spinning and 4 s waiting passively. So when our threads would not have the cores to
-themselves, they wait passively (OMP_WAIT_POLICY=PASSIVE), unless the user set the variable.
-libgomp reads it once, so this must run before llama_cpp is loaded.
+llama.cpp's CPU backend runs its threads under OpenMP; ggml_barrier is `#pragma omp barrier`. A
+thread that arrives first spins, then (past a spin count) sleeps on a futex. The two fixed ends
+both lose badly somewhere (SmolLM2 F16, -t 2, 2 cores, native llama-bench, MEASURED.md):
+spinning (libgomp's default, ~300000 spins, ~3 ms) runs 96 tok/s alone but 6 tok/s beside 4 busy
+processes, a spinning thread burning whole scheduler slices while its peer waits for a core;
+OMP_WAIT_POLICY=PASSIVE keeps 30 tok/s there but halves the quiet speed (42 tok/s: every barrier
+pays a futex wake-up). The pre-issue-25 rule picked between them from ~40 ms of /proc/stat before
+llama.cpp loaded, so a busy loop that ran for 3 s at start made a whole run passive (41 vs 91
+tok/s): a moment decided hours. A bounded spin (libgomp's GOMP_SPINCOUNT) is near the spinning
+speed alone and near PASSIVE's under oversubscription, in every regime, with no detection at all;
+scripts/bench_threads.py measures the candidates in three regimes (quiet, a transient competitor
+at start, sustained oversubscription) and SPINCOUNT is its minimax pick (docs/machines.md).
 
-Passive waiting is not free: on a quiet machine it halves single-stream decoding (SmolLM2 F16,
--t 2, 2 cores: 23.5 tok/s passive, 52 tok/s spinning). So "busy" is the other threads that want a
-CPU right now (Linux: /proc/stat's procs_running, sampled a few times), not the load average: that
-is a minute's memory, which counts our own previous run (a second `llamaspec run` after a first one
-saw a load of ~1.3 on 2 cores and went passive). Without /proc, the load average is the fallback.
+Which OpenMP: read from llama_cpp's shared libraries (their DT_NEEDED) before they load; libgomp
+reads its variables once, when it loads. GOMP_SPINCOUNT is libgomp's alone; for LLVM/Intel
+libomp (KMP_BLOCKTIME) or an unknown runtime nothing is measured yet, so the old sampled rule
+stays there (PASSIVE when other threads want the cores now). A build without OpenMP (ggml's own
+threadpool) reads none of these. The user's OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME
+always wins.
 
-    >>> choose(threads=2, load=11.0, cores=2, env={}).value
-    'PASSIVE'
-    >>> choose(threads=2, load=0.1, cores=2, env={}).value is None
-    True
+    >>> choose(2, runtime="libgomp", env={}).env
+    {'GOMP_SPINCOUNT': '1000'}
+    >>> choose(2, runtime="libgomp", env={"OMP_WAIT_POLICY": "PASSIVE"}).env
+    {}
+    >>> choose(2, runtime=None, load=11.0, cores=2, env={}).env
+    {'OMP_WAIT_POLICY': 'PASSIVE'}
 """
 
 from __future__ import annotations
 
 import os
+import struct
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping
 
 VAR = "OMP_WAIT_POLICY"
+SPINCOUNT = 1000   # bench_threads.py's minimax pick on a 2-core EPYC (docs/machines.md)
+USER_VARS = (VAR, "GOMP_SPINCOUNT", "KMP_BLOCKTIME")   # any of these set: the user chose
+LINE_PREFIX = "thread waiting:"   # how `run -v` starts the line (bench_threads.py reads it)
+DETECT = "detect"
+# DT_NEEDED sonames (and the names Mach-O / PE imports carry) of the OpenMP runtimes
+_RUNTIMES = (("libgomp", (b"libgomp",)), ("libomp", (b"libomp.", b"libiomp5", b"libomp5")),
+             ("vcomp", (b"vcomp",)))
+_MACHO = {bytes.fromhex(m) for m in ("cffaedfe", "cefaedfe", "feedfacf", "feedface", "cafebabe")}
 
 
 @dataclass(frozen=True)
 class WaitPolicy:
-    value: str | None     # what to set ("PASSIVE"), or None: leave OpenMP's default
-    reason: str
+    env: dict[str, str] = field(default_factory=dict)   # variables to set; empty: leave them as they are
+    reason: str = ""
 
+    @property
+    def line(self) -> str:
+        return f"{LINE_PREFIX} {self.reason}"
+
+
+# -- which OpenMP llama.cpp links -------------------------------------------------------------------
+
+def _elf_needed(path: Path) -> list[str] | None:
+    """The DT_NEEDED entries of an ELF shared library; None when it is not ELF or unreadable."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if head[:4] != b"\x7fELF":
+                return None
+            is64, e = head[4] == 2, "<" if head[5] == 1 else ">"
+            phoff, (phentsize, phnum) = (struct.unpack_from(e + ("Q" if is64 else "I"), head, 32 if is64 else 28)[0],
+                                         struct.unpack_from(e + "HH", head, 54 if is64 else 42))
+            f.seek(phoff)
+            ph = f.read(phentsize * phnum)
+            loads, dyn = [], None
+            for i in range(phnum):
+                if is64:
+                    p_type, _, off, vaddr, _, size = struct.unpack_from(e + "IIQQQQ", ph, i * phentsize)
+                else:
+                    p_type, off, vaddr, _, size = struct.unpack_from(e + "IIIII", ph, i * phentsize)
+                if p_type == 1:     # PT_LOAD: maps addresses to file offsets
+                    loads.append((vaddr, off, size))
+                elif p_type == 2:   # PT_DYNAMIC
+                    dyn = (off, size)
+            if dyn is None:
+                return []
+            f.seek(dyn[0])
+            raw, fmt = f.read(dyn[1]), e + ("qQ" if is64 else "iI")
+            step = struct.calcsize(fmt)
+            entries = [struct.unpack_from(fmt, raw, i) for i in range(0, len(raw) - step + 1, step)]
+            strtab = next(v for t, v in entries if t == 5)                       # DT_STRTAB
+            base = next(strtab - va + off for va, off, size in loads if va <= strtab < va + size)
+            names = []
+            for tag, v in entries:
+                if tag == 0:        # DT_NULL
+                    break
+                if tag == 1:        # DT_NEEDED
+                    f.seek(base + v)
+                    names.append(f.read(256).split(b"\0", 1)[0].decode(errors="replace"))
+            return names
+    except (OSError, struct.error, StopIteration, ValueError):
+        return None
+
+
+def _llama_libs() -> list[Path]:
+    """llama_cpp's ggml/llama shared libraries, found without importing llama_cpp."""
+    import importlib.util
+
+    dirs = [Path(p) for p in os.environ.get("LLAMA_CPP_LIB_PATH", "").split(os.pathsep) if p]
+    try:
+        spec = importlib.util.find_spec("llama_cpp")
+    except (ImportError, ValueError):
+        spec = None
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        dirs += [Path(loc) / "lib", Path(loc)]
+    libs = [p for d in dirs if d.is_dir() for p in sorted(d.iterdir())
+            if ("ggml" in p.name or "llama" in p.name) and p.suffix in (".so", ".dylib", ".dll") and p.is_file()]
+    # the CPU backend (and ggml-base) hold the OpenMP calls; read them first
+    return sorted(libs, key=lambda p: ("ggml-cpu" not in p.name, "ggml-base" not in p.name, p.name))
+
+
+def openmp_runtime(libs: list[Path] | None = None) -> str | None:
+    """"libgomp", "libomp" (LLVM/Intel), "vcomp" (MSVC), "none" (llama_cpp's libraries link no
+    OpenMP: ggml's own threadpool) or None (llama_cpp's libraries not found or not readable)."""
+    libs = _llama_libs() if libs is None else libs
+    seen_any = False
+    for lib in libs:
+        needed = _elf_needed(lib)
+        if needed is not None:
+            blob = b"\0".join(n.encode() for n in needed)
+        else:   # Mach-O / PE: the names of imported libraries are plain strings in the file
+            try:
+                with open(lib, "rb") as f:
+                    head = f.read(4)
+                    if not (head in _MACHO or head[:2] == b"MZ") or lib.stat().st_size > 64 << 20:
+                        continue
+                    blob = lib.read_bytes()
+            except OSError:
+                continue
+        seen_any = True
+        for name, markers in _RUNTIMES:
+            if any(m in blob for m in markers):
+                return name
+    return "none" if seen_any else None
+
+
+# -- the load now: only where no bounded spin is measured --------------------------------------------
 
 def _own_running() -> int:
     """This process's threads in state R (running or runnable), the calling one included."""
@@ -50,10 +161,9 @@ def _own_running() -> int:
 
 
 def others_running(samples: int = 5, interval: float = 0.01) -> float | None:
-    """Threads of other processes that want a CPU now: /proc/stat's procs_running (runnable threads
-    system-wide) minus this process's own runnable threads (a Generator made in a program with busy
-    threads of its own must not count them), averaged over `samples` reads `interval` seconds
-    apart. None where there is no /proc."""
+    """Threads of other processes that want a CPU now: /proc/stat's procs_running minus this
+    process's own runnable threads, averaged over `samples` reads `interval` seconds apart. None
+    where there is no /proc."""
     counts = []
     try:
         for i in range(samples):
@@ -67,47 +177,69 @@ def others_running(samples: int = 5, interval: float = 0.01) -> float | None:
     return max(0.0, sum(counts) / len(counts)) if counts else None
 
 
-def choose(threads: int | None, *, load: float | None = None, cores: int | None = None,
-           env: Mapping[str, str] | None = None) -> WaitPolicy:
-    """`load`: other threads that want a CPU (default: measured now, see the module docstring)."""
-    env = os.environ if env is None else env
-    if env.get(VAR):
-        return WaitPolicy(None, f"{VAR}={env[VAR]} (set by you)")
-    what = "other threads running"
+def _sampled(threads: int | None, load: float | None, cores: int | None, runtime: str | None) -> WaitPolicy:
+    """The pre-issue-25 rule: PASSIVE when other threads that want a CPU now and ours exceed the cores."""
+    what, which = "other threads running", runtime or "OpenMP runtime not found"
     if load is None:
         load = others_running()
     if load is None:
         if not hasattr(os, "getloadavg"):
-            return WaitPolicy(None, "OpenMP's default (no load measure on this system)")
+            return WaitPolicy({}, f"OpenMP's default ({which}; no load measure on this system)")
         load, what = os.getloadavg()[0], "load average"
     cores = cores or os.cpu_count() or 1
     if load + (threads or cores) <= cores + 0.5:
-        return WaitPolicy(None, f"OpenMP's default ({what} {load:.1f} on {cores} cores)")
-    return WaitPolicy("PASSIVE", f"the machine is busy ({what} {load:.1f} on {cores} cores): llama.cpp's "
-                                 f"threads wait passively ({VAR}=PASSIVE; set {VAR} to choose)")
+        return WaitPolicy({}, f"OpenMP's default, spin ({what} {load:.1f} on {cores} cores; {which}: "
+                              f"no bounded spin measured); set {VAR} to choose")
+    return WaitPolicy({VAR: "PASSIVE"}, f"{VAR}=PASSIVE: the machine is busy ({what} {load:.1f} on {cores} cores; "
+                                        f"{which}: no bounded spin measured); set {VAR} to choose")
 
 
-_applied: str | None = None
+def choose(threads: int | None, *, runtime: str | None = DETECT, load: float | None = None,
+           cores: int | None = None, env: Mapping[str, str] | None = None) -> WaitPolicy:
+    """The variables to set before llama.cpp loads, and why. `runtime`: openmp_runtime()'s answer
+    (detected by default); `load`, `cores`: only for a runtime without a measured bounded spin."""
+    env = os.environ if env is None else env
+    mine = [v for v in USER_VARS if env.get(v)]
+    if mine:
+        return WaitPolicy({}, ", ".join(f"{v}={env[v]}" for v in mine) + " (set by you)")
+    if runtime == DETECT:
+        runtime = openmp_runtime()
+    if runtime == "libgomp":
+        return WaitPolicy({"GOMP_SPINCOUNT": str(SPINCOUNT)},
+                          f"GOMP_SPINCOUNT={SPINCOUNT} (libgomp): threads spin briefly at a barrier, then sleep, "
+                          f"so neither a quiet nor a busy machine halves the speed; set {VAR} or GOMP_SPINCOUNT "
+                          f"to choose")
+    if runtime == "none":
+        return WaitPolicy({}, "llama.cpp is built without OpenMP (ggml's own threadpool): nothing to set")
+    return _sampled(threads, load, cores, runtime)
+
+
+_chosen: WaitPolicy | None = None
 
 
 def apply(threads: int | None) -> str | None:
-    """Set the policy for this process when it is still possible and the machine is busy; returns
-    the one-line note to show, or None when nothing was changed. The CLI calls it first thing
-    (cli/__init__.py main, with -t), the Python API when a Generator loads."""
-    global _applied
-    if "llama_cpp" in sys.modules:   # too late: OpenMP may already have read it
-        return None
-    policy = choose(threads)
-    if policy.value is None:
-        return None
-    os.environ[VAR] = policy.value
-    _applied = policy.reason
-    return policy.reason
+    """Choose once for this process and set the variables while llama.cpp is not loaded yet; returns
+    the one line for `run -v` and `doctor`. The CLI calls it first thing (cli/__init__.py main, with
+    -t), the Python API when a Generator loads; later calls return the first decision."""
+    global _chosen
+    if _chosen is None:
+        if "llama_cpp" in sys.modules:   # too late: OpenMP may already have read its variables
+            now = [f"{v}={os.environ[v]}" for v in USER_VARS if os.environ.get(v)]
+            return WaitPolicy({}, "llama_cpp was loaded before llamaspec could choose: OpenMP keeps what it read "
+                                  f"then ({', '.join(now) or 'its defaults'})").line
+        _chosen = choose(threads)
+        os.environ.update(_chosen.env)
+    return _chosen.line
 
 
 def applied() -> str | None:
-    """The note of the policy this process set, if it set one (and it is still in effect)."""
-    return _applied if os.environ.get(VAR) == "PASSIVE" else None
+    """The line of the policy this process chose, if it chose one."""
+    return _chosen.line if _chosen is not None else None
+
+
+def chosen() -> WaitPolicy | None:
+    """The policy this process chose (its variables, for a record of how a measurement ran)."""
+    return _chosen
 
 
 def threads_from_args(args: list[str]) -> int | None:
