@@ -12,7 +12,7 @@ import os
 import pytest
 
 from llamaspec.speculative.drafters.translated_text import (
-    complete_utf8_len, draft_to_target, replace_with_offsets, reverse_pairs, source_offset, tokenize_tail)
+    Encoder, complete_utf8_len, draft_to_target, replace_with_offsets, reverse_pairs, source_offset, tokenize_tail)
 
 # ---- a toy tokenizer: greedy longest match over a small vocabulary --------------------------------
 
@@ -32,6 +32,9 @@ def toy_tokenize(text: str) -> list[int]:
 
 def toy_piece(t: int) -> bytes:
     return PIECES[t]
+
+
+TOY = Encoder(toy_tokenize, toy_piece, b"")
 
 
 def test_replace_maps_offsets_outside_replacements_only():
@@ -55,38 +58,37 @@ def test_complete_utf8_len_holds_back_a_cut_character():
 def test_tokenize_tail_retokenizes_only_the_tail():
     # "hello world" made of ["he", "llo", " wor"] + "ld" appended: " wor" + "ld" merge into " world"
     k, new, ends = tokenize_tail("hello world", [2, 5, 9], keep_tail=1, floor=0,
-                                 tokenize=toy_tokenize, piece=toy_piece)
+                                 encode=TOY)
     assert (k, new, ends) == (2, [5], [11])
     # the floor is kept (a BOS, or tokens spliced out of the KV)
     k, new, ends = tokenize_tail("hello world", [0, 2, 5, 9], keep_tail=8, floor=1,
-                                 tokenize=toy_tokenize, piece=toy_piece)
+                                 encode=TOY)
     assert k == 1 and new == [15, 5] and ends == [5, 11]
     # tokens whose end is unclear (inside a replacement) are never a restart point
-    k, _, _ = tokenize_tail("hello world", [2, None, 9], keep_tail=1, floor=0, tokenize=toy_tokenize,
-                            piece=toy_piece)
+    k, _, _ = tokenize_tail("hello world", [2, None, 9], keep_tail=1, floor=0, encode=TOY)
     assert k == 1
 
 
 def test_tokenize_tail_applies_replacements_and_maps_ends_back():
     # the draft sees "he world"; its tokens' ends are offsets in the target's text "he<T>ld"
-    assert tokenize_tail("he<T>ld", [], keep_tail=4, floor=0, tokenize=toy_tokenize, piece=toy_piece,
+    assert tokenize_tail("he<T>ld", [], keep_tail=4, floor=0, encode=TOY,
                          pairs=[("<T>", " wor")]) == (0, [1, 5], [2, 7])
     # a token ending inside a replacement has no clean end
-    assert tokenize_tail("he<T>", [], keep_tail=4, floor=0, tokenize=toy_tokenize, piece=toy_piece,
+    assert tokenize_tail("he<T>", [], keep_tail=4, floor=0, encode=TOY,
                          pairs=[("<T>", " wld")]) == (0, [1, 10, 11, 4], [2, None, None, 5])
 
 
 def test_draft_to_target_keeps_tokens_inside_the_drafted_text():
     # context "hello" as the target wrote it: he|llo; draft " world wor" -> " world" (then " wor" dropped:
     # it may grow into " world")
-    assert draft_to_target(b"hello", [1, 2], " world wor", toy_tokenize, toy_piece) == [5]
+    assert draft_to_target(b"hello", [1, 2], " world wor", TOY) == [5]
     # a drafted end of turn is stable: kept
-    assert draft_to_target(b"hello", [1, 2], " world<eot>", toy_tokenize, toy_piece,
+    assert draft_to_target(b"hello", [1, 2], " world<eot>", TOY,
                            is_stable=lambda t: t == 14) == [5, 14]
     # the drafted text merges into the context's last token ("he" + "llo" -> "hello" when the target
     # wrote h|e): the drafted text alone is tokenized, starting where the target's text ends
-    assert draft_to_target(b"he", [6, 7], "llo!", toy_tokenize, toy_piece) == [2]
-    assert draft_to_target(b"hello", [1, 2], "", toy_tokenize, toy_piece) == []
+    assert draft_to_target(b"he", [6, 7], "llo!", TOY) == [2]
+    assert draft_to_target(b"hello", [1, 2], "", TOY) == []
 
 
 # ---- the drafter on real models --------------------------------------------------------------------

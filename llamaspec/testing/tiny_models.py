@@ -200,7 +200,7 @@ def learn_merges(words: Counter, n_merges: int) -> list[tuple[str, str]]:
     return merges
 
 
-def _bpe_from_text(text: str, n_merges: int) -> Vocab:
+def bpe_from_text(text: str, n_merges: int) -> Vocab:
     b2u = bytes_to_unicode()
     words = Counter("".join(b2u[b] for b in piece.encode("utf-8")) for piece in _PRETOKEN.findall(text))
     merges = learn_merges(words, n_merges)
@@ -227,20 +227,25 @@ def _bpe_from_text(text: str, n_merges: int) -> Vocab:
 @functools.lru_cache(maxsize=None)
 def bpe_vocab() -> Vocab:
     """The shared byte-level BPE vocabulary of target, draft, MTP model and variants."""
-    return _bpe_from_text(CORPUS, N_MERGES)
+    return bpe_from_text(CORPUS, N_MERGES)
 
 
 @functools.lru_cache(maxsize=None)
 def other_bpe_vocab() -> Vocab:
     """Same type, specials and about the same size, different merges: texts differ from id 261."""
-    return _bpe_from_text(CORPUS.lower(), N_MERGES)
+    return bpe_from_text(CORPUS.lower(), N_MERGES)
 
 
 @functools.lru_cache(maxsize=None)
 def spm_vocab() -> Vocab:
     """SentencePiece-style vocabulary: <unk> <s> </s>, byte fallback <0x00>..<0xFF>, scored pieces."""
-    words = Counter("▁" + w for w in re.findall(r"\S+", CORPUS))
-    merges = learn_merges(words, 300)
+    return spm_from_text(CORPUS, 300)
+
+
+def spm_from_text(text: str, n_merges: int) -> Vocab:
+    """An SPM vocabulary learned from `text`'s words, each with its "▁" (a space before it)."""
+    words = Counter("▁" + w for w in re.findall(r"\S+", text))
+    merges = learn_merges(words, n_merges)
     chars = sorted({c for w in words for c in w})
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [TT_UNKNOWN, TT_CONTROL, TT_CONTROL] + [TT_BYTE] * 256

@@ -5,16 +5,24 @@ by the 2026 speculative refactor); transformers calls it Universal Assisted Gene
 target's tokens stay the truth, and the draft sees text:
 
   sync     the target's new tokens are rendered (special tokens as their text, the target's BOS
-           left out) and appended to the sequence's text; only a short tail of it is tokenized
-           again for the draft (the last KEEP_TAIL draft tokens and the new text: a word the new
-           text continues may merge into other tokens), and the draft's KV cache is cut where
-           its tokens changed (translated_text.tokenize_tail). `--spec-replace TARGET DRAFT`
-           strings (chat template tags) are replaced in the text the draft sees.
+           left out, and the leading space a SentencePiece target added to the prompt) and
+           appended to the sequence's text; only a short tail of it is tokenized again for the
+           draft (the last KEEP_TAIL draft tokens and the new text: a word the new text continues
+           may merge into other tokens), and the draft's KV cache is cut where its tokens changed
+           (translated_text.tokenize_tail). Tokenizers that add a leading space tokenize such a
+           window after a sentinel (translated_text.Encoder), so a window never starts with a
+           space the text does not have. `--spec-replace TARGET DRAFT` strings (chat template
+           tags) are replaced in the text the draft sees.
   draft    the draft model drafts greedily, one token per decode, as draft-simple does.
   back     the drafted text (with the replacements undone) is tokenized with the target's
            tokenizer after the target's last tokens; the target tokens fully inside the drafted
            text and consistent with the target's own tokens are the draft
            (translated_text.draft_to_target).
+
+The draft's KV outlives a request, as ModelDrafter's does: the next prompt on the sequence (a
+chat's next turn) keeps the draft tokens inside the text both share. A recurrent or hybrid draft
+(whose memory cannot be cut) keeps a checkpoint (Context.save_seq) where the next re-tokenized
+window starts, and rolls back to it instead of evaluating the whole text again.
 
 Verification is the engine's, unchanged: greedy output is the target's own. The drafter gives no
 probabilities (a distribution over the draft's vocabulary says nothing about the target's
@@ -34,7 +42,7 @@ import numpy as np
 from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.speculative.drafters.model import GAP, SYNC_WINDOW, top_probability
 from llamaspec.speculative.drafters.translated_text import (
-    complete_utf8_len, draft_to_target, replace_with_offsets, reverse_pairs, tokenize_tail)
+    Encoder, complete_utf8_len, draft_to_target, replace_with_offsets, restart_index, reverse_pairs, tokenize_tail)
 from llamaspec.speculative.prefix import common_prefix
 
 if TYPE_CHECKING:
@@ -115,6 +123,19 @@ class _Seq:
     cached: list[int] = field(default_factory=list)   # tokens in the draft's KV (GAP: skipped)
     shift: int = 0                                    # positions skipped by catch-up splices
     floor: int = 0                                    # tokens that are never tokenized again
+    checkpoint: tuple[int, bytearray] | None = None   # recurrent drafts: (tokens, state) of cached[:n]
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    """Length of the common prefix of two strings (slice compares: C speed on long texts)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class TranslatedDrafter(Drafter):
@@ -135,6 +156,7 @@ class TranslatedDrafter(Drafter):
         self.back = reverse_pairs(self.pairs)
         self.cost_hint = cost_hint
         self._tpiece, self._dpiece = _Pieces(target), _Pieces(self.draft)
+        self._tenc, self._denc = Encoder(self._ttokenize, self._tpiece), Encoder(self._dtokenize, self._dpiece)
         self._seqs: dict[int, _Seq] = {}
 
     # -- the two tokenizers --------------------------------------------------------------------
@@ -144,36 +166,63 @@ class TranslatedDrafter(Drafter):
     def _ttokenize(self, text: str) -> list[int]:
         return self.target.tokenize(text, add_special=False, parse_special=True)
 
-    def _new_seq(self, seq_id: int) -> _Seq:
-        self.ctx.seq_rm(seq_id, 0, -1)
+    def _fresh(self) -> _Seq:
         st = _Seq()
         if self.draft.add_bos and self.draft.bos >= 0:   # the draft's own BOS, never re-tokenized
             st.toks, st.ends, st.floor = [self.draft.bos], [0], 1
-        self._seqs[seq_id] = st
+        return st
+
+    def _new_seq(self, seq_id: int) -> _Seq:
+        self.ctx.seq_rm(seq_id, 0, -1)
+        st = self._seqs[seq_id] = self._fresh()
         return st
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
               rng: np.random.Generator | None = None) -> None:
-        """Evaluate the prompt's text in the draft now: it is prompt processing, timed as such."""
-        st = self._new_seq(seq_id)
-        if len(prompt_tokens) > 1:
-            self._sync(st, seq_id, prompt_tokens)
+        """Evaluate the prompt's text in the draft now: it is prompt processing, timed as such.
+        The draft tokens of the text this prompt shares with the sequence's previous one stay
+        (their KV too): a chat's next turn evaluates its new text only."""
+        old = self._seqs.get(seq_id)
+        if old is None or old.shift:   # a spliced record has no text for its skipped positions
+            st = self._new_seq(seq_id)
+            self._append(st, prompt_tokens)
+        else:
+            st = self._seqs[seq_id] = self._fresh()
+            self._append(st, prompt_tokens)
+            n = _common_prefix_len(old.text, st.text)
+            k = len(old.ends)
+            while k > old.floor and (old.ends[k - 1] is None or old.ends[k - 1] > n):
+                k -= 1
+            st.toks, st.ends = old.toks[:k], old.ends[:k]
+            st.cached, st.checkpoint = old.cached, old.checkpoint
+        if len(prompt_tokens) > 1 and not st.pending and st.text:
+            self._catch_up(st, seq_id)
 
     # -- keeping the draft's KV on the text ----------------------------------------------------
+    def _append(self, st: _Seq, history: Sequence[int]) -> None:
+        """Render the target's new tokens into st.text."""
+        new = [t for t in history[st.n_hist:] if t != self.target.bos]
+        data = b"".join(self._tpiece(t) for t in new)
+        prefix = self._tenc.prefix
+        if st.n_hist == 0 and new and prefix and self.target.piece(new[0]).startswith(prefix):
+            data = data[len(prefix):]   # the space the target's tokenizer put before the prompt
+        st.n_hist = len(history)
+        data = st.pending + data
+        cut = complete_utf8_len(data)
+        st.text += data[:cut].decode("utf-8", errors="replace")
+        st.pending = data[cut:]
+
     def _sync(self, st: _Seq, seq_id: int, history: Sequence[int]) -> bool:
         """Bring the draft's tokens and KV to the text of `history`, with the logits of its last
         token ready. False when there is nothing to draft from (the text ends inside a character,
         or the draft's context is full)."""
-        new = b"".join(self._tpiece(t) for t in history[st.n_hist:] if t != self.target.bos)
-        st.n_hist = len(history)
-        data = st.pending + new
-        cut = complete_utf8_len(data)
-        st.text += data[:cut].decode("utf-8", errors="replace")
-        st.pending = data[cut:]
+        self._append(st, history)
         if st.pending or not st.text and not st.toks:
             return False
-        k, toks, ends = tokenize_tail(st.text, st.ends, KEEP_TAIL, st.floor, self._dtokenize, self._dpiece,
-                                      self.pairs)
+        return self._catch_up(st, seq_id)
+
+    def _catch_up(self, st: _Seq, seq_id: int) -> bool:
+        k, toks, ends = tokenize_tail(st.text, st.ends, KEEP_TAIL, st.floor, self._denc, self.pairs)
         st.toks[k:], st.ends[k:] = toks, ends
         if not st.toks:
             return False
@@ -181,24 +230,44 @@ class TranslatedDrafter(Drafter):
         p = common_prefix(cached, st.toks, start=st.floor)   # tokens before the floor never change
         p = min(p, len(st.toks) - 1)     # the last token is decoded again: its logits are needed
         if p < len(cached):
-            if not self.ctx.seq_rm(seq_id, p - st.shift, -1):   # a recurrent draft: start over
-                self.ctx.seq_rm(seq_id, 0, -1)
-                p, st.shift = 0, 0
+            if not self.ctx.seq_rm(seq_id, p - st.shift, -1):   # a recurrent draft
+                p = self._roll_back(st, seq_id, p)
             del cached[p:]
+        recurrent = self.draft.needs_checkpoints
         skip = len(st.toks) - p - SYNC_WINDOW
-        if skip > 0 and p > 0 and not self.draft.needs_checkpoints:
+        if skip > 0 and p > 0 and not recurrent:
             # Back from a pause: only the last SYNC_WINDOW tokens are evaluated, right after what
             # the KV holds (as ModelDrafter._sync does); the skipped ones are never re-tokenized.
             cached.extend([GAP] * skip)
             p += skip
             st.shift += skip
             st.floor = p
-        todo = st.toks[p:]
-        if len(cached) - st.shift + len(todo) >= self.ctx.n_ctx_seq:
+        if len(cached) - st.shift + len(st.toks) - p >= self.ctx.n_ctx_seq:
             return False
+        if recurrent:
+            # The next step re-tokenizes from restart_index on: a checkpoint there is where the
+            # memory rolls back to, with no token before it evaluated again.
+            c = min(restart_index(st.ends, KEEP_TAIL, st.floor), len(st.toks) - 1)
+            if c > p:
+                self.ctx.decode(st.toks[p:c], p - st.shift, seq_id, outputs=0)
+                cached.extend(st.toks[p:c])
+                p = c
+                st.checkpoint = (c, self.ctx.save_seq(seq_id))
+        todo = st.toks[p:]
         self.ctx.decode(todo, p - st.shift, seq_id, outputs="last")
         cached.extend(todo)
         return True
+
+    def _roll_back(self, st: _Seq, seq_id: int, p: int) -> int:
+        """A memory that cannot be cut at p: restore the checkpoint if it is at or before p (as
+        ModelDrafter._roll_back), else start over. Returns the number of tokens it holds."""
+        ck = st.checkpoint
+        if ck is not None and ck[0] <= p:
+            self.ctx.load_seq(ck[1], seq_id)
+            return ck[0]
+        self.ctx.seq_rm(seq_id, 0, -1)   # removing a whole sequence always works
+        st.checkpoint = None
+        return 0
 
     # -- drafting --------------------------------------------------------------------------------
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
@@ -244,12 +313,22 @@ class TranslatedDrafter(Drafter):
             text += mapped if mapped != eog else ""
         ctx_tokens = [t for t in history[-CONTEXT_TOKENS:] if t != self.target.bos]
         context = b"".join(self._tpiece(t) for t in ctx_tokens)
-        return draft_to_target(context, ctx_tokens, text, self._ttokenize, self._tpiece,
+        return draft_to_target(context, ctx_tokens, text, self._tenc,
                                is_stable=(lambda t: True) if ended else self.target.is_eog)
 
     def end(self, seq_id: int) -> None:
-        self.ctx.seq_rm(seq_id, 0, -1)
-        self._seqs.pop(seq_id, None)
+        """The sequence is over: its tokens and KV stay for the next prompt (`begin`), cut to what
+        the memory really holds (a decode cut short by Ctrl-C). A spliced record, or a recurrent
+        memory that does not hold what the record says, is dropped."""
+        st = self._seqs.get(seq_id)
+        if st is None:
+            return
+        n = self.ctx.seq_pos_max(seq_id) + 1 + st.shift
+        if st.shift or (self.draft.needs_checkpoints and n != len(st.cached)):
+            self.ctx.seq_rm(seq_id, 0, -1)
+            del self._seqs[seq_id]
+        elif not self.draft.needs_checkpoints and n < len(st.cached):
+            del st.cached[n:]
 
     def close(self) -> None:
         self.ctx.close()

@@ -1,0 +1,153 @@
+"""Tiny models of other vocabularies that write the same text, for translated drafting
+(speculative/drafters/translated.py): a SentencePiece model that adds a leading space
+(`tokenizer.ggml.add_space_prefix` true, as Llama 2, Mistral <= v0.3 and TinyLlama), the same
+model with the flag off, and a byte-level BPE one (SmolLM2-style).
+
+A draft only helps a target of another vocabulary when both predict the same *text*. Random
+weights do not: here each model is a bigram model of one training text under its own tokenizer
+(the next token's logit is P(next | current token), counted on llama.cpp's own tokenization of
+the text). Embeddings are one-hot (n_embd >= vocabulary size) and the one block adds nothing to
+the residual stream, so logits are exactly the bigram table. Both tokenizers cut the text into
+similar words, so greedy continuations agree often but not always (a comma is one token in BPE
+and part of the word in SPM, so its successor is counted differently): drafts see full, partial
+and zero acceptances.
+
+    python -m llamaspec.testing.tiny_spm [OUTDIR]    # writes the set, prints acceptances
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from llamaspec.testing.tiny_models import (
+    Vocab, _atomic_write, _finish, bpe_from_text, cached_set, generator_fingerprint, spm_from_text)
+
+
+
+def _made_up_text(n_words: int = 240, seed: int = 7) -> str:
+    """Made-up words, each once (a bigram model of it copies it on): syllables repeat, so a
+    tokenizer that splits a word has pieces with several successors, where the models part."""
+    rng = np.random.default_rng(seed)
+    syll = ["ka", "lo", "mi", "ren", "to", "sa", "vel", "dor", "ni", "pa", "que", "zu", "bri", "fen", "ost"]
+    seen: set[str] = set()
+    words: list[str] = []
+    while len(words) < n_words:
+        w = "".join(syll[int(i)] for i in rng.integers(len(syll), size=int(rng.integers(2, 4))))
+        if w not in seen:
+            seen.add(w)
+            words.append(w)
+    return " ".join(words) + "\n"
+
+
+#: the training text
+TEXT = _made_up_text()
+#: merges learned from TEXT: words mostly whole, the rarer ones in pieces
+N_MERGES = 350
+#: the logit of a certain successor; the others scale with their probability
+BIGRAM_SCALE = 20.0
+
+SET_NAMES = ("spm_space", "spm_nospace", "bpe")
+
+
+def _vocabs() -> dict[str, tuple[Vocab, bool | None]]:
+    spm = spm_from_text(TEXT, N_MERGES)
+    return {"spm_space": (spm, True), "spm_nospace": (spm, False), "bpe": (bpe_from_text(TEXT, N_MERGES), None)}
+
+
+def _write(path: Path, vocab: Vocab, add_space_prefix: bool | None, head: np.ndarray, name: str) -> Path:
+    """A 1-block llama GGUF whose logits for token t are head[:, t] (one-hot embeddings)."""
+    import gguf
+
+    n_vocab, n_embd = vocab.size, head.shape[1]
+    n_head, n_ff = 4, 64
+
+    def fill(tmp: Path) -> None:
+        w = gguf.GGUFWriter(str(tmp), "llama")
+        w.add_name(name)
+        w.add_context_length(4096)
+        w.add_embedding_length(n_embd)
+        w.add_block_count(1)
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_head_count_kv(n_head)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_rope_dimension_count(n_embd // n_head)
+        w.add_rope_freq_base(10000.0)
+        w.add_vocab_size(n_vocab)
+        w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+        vocab.write_to(w)
+        if add_space_prefix is not None:
+            w.add_add_space_prefix(add_space_prefix)
+        # rms_norm(embd[t]) == embd[t]: each row has norm sqrt(n_embd), all in one coordinate
+        embd = np.zeros((n_vocab, n_embd), np.float32)
+        embd[np.arange(n_vocab), np.arange(n_vocab)] = np.sqrt(n_embd)
+        w.add_tensor("token_embd.weight", embd.astype(np.float16))
+        w.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+        w.add_tensor("output.weight", (head / np.sqrt(n_embd)).astype(np.float16))
+        zero = lambda *shape: np.zeros(shape, np.float16)   # noqa: E731 - the block adds nothing
+        w.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, np.float32))
+        w.add_tensor("blk.0.ffn_norm.weight", np.ones(n_embd, np.float32))
+        for k in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            w.add_tensor(f"blk.0.{k}.weight", zero(n_embd, n_embd))
+        w.add_tensor("blk.0.ffn_gate.weight", zero(n_ff, n_embd))
+        w.add_tensor("blk.0.ffn_up.weight", zero(n_ff, n_embd))
+        w.add_tensor("blk.0.ffn_down.weight", zero(n_embd, n_ff))
+        _finish(w)
+
+    return _atomic_write(path, fill)
+
+
+def bigram_head(tokens: list[int], vocab: Vocab, n_embd: int) -> np.ndarray:
+    """[n_vocab, n_embd]: column t holds BIGRAM_SCALE * P(next | t) over `tokens`; a token never
+    followed by anything predicts the text's most frequent token. Control tokens never win."""
+    counts: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for a, b in zip(tokens, tokens[1:]):
+        counts[a][b] += 1
+    freq = np.bincount(tokens, minlength=vocab.size).astype(np.float32)
+    head = np.zeros((vocab.size, n_embd), np.float32)
+    # ties go to the more frequent token, as a trained model would
+    prior = 1e-3 * freq / max(1.0, float(freq.max()))
+    for t in range(vocab.size):
+        nxt = counts.get(t)
+        head[:, t] = prior
+        if nxt:
+            total = sum(nxt.values())
+            for b, c in nxt.items():
+                head[b, t] += BIGRAM_SCALE * c / total
+        else:
+            head[int(freq.argmax()), t] += BIGRAM_SCALE
+    head[vocab.special_ids(), :] = -BIGRAM_SCALE
+    return head
+
+
+def make_translated_set(outdir: Path, *, force: bool = False) -> dict[str, Path]:
+    """Write (or reuse) the set in `outdir`: name -> path, names SET_NAMES."""
+    from llamaspec.runtime.llama import Model
+
+    def write(paths: dict[str, Path]) -> None:
+        for name, (vocab, space) in _vocabs().items():
+            n_embd = -(-vocab.size // 64) * 64
+            zero = np.zeros((vocab.size, n_embd), np.float32)
+            _write(paths[name], vocab, space, zero, name)   # first only to tokenize TEXT with llama.cpp
+            m = Model(paths[name])
+            try:
+                tokens = m.tokenize_prompt(TEXT)
+            finally:
+                m.close()
+            if name == "spm_nospace":   # the same weights as spm_space: only the flag differs
+                tokens = spm_tokens
+            elif name == "spm_space":
+                spm_tokens = tokens
+            _write(paths[name], vocab, space, bigram_head(tokens, vocab, n_embd), f"tiny-{name}")
+
+    return cached_set(outdir, SET_NAMES, "translated-set.json", generator_fingerprint(__file__, SET_NAMES),
+                      write, force=force)
+
+
+if __name__ == "__main__":  # pragma: no cover - a manual tool
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/llamaspec-translated-set")
+    print(make_translated_set(out))
