@@ -50,7 +50,8 @@ N_MERGES = 350
 #: the logit of a certain successor; the others scale with their probability
 BIGRAM_SCALE = 20.0
 
-SET_NAMES = ("spm_space", "spm_nospace", "bpe")
+#: spm_mamba: a recurrent draft (random weights) with the SPM vocabulary, for checkpoint rollback
+SET_NAMES = ("spm_space", "spm_nospace", "bpe", "spm_mamba")
 
 
 def _vocabs() -> dict[str, tuple[Vocab, bool | None]]:
@@ -127,6 +128,7 @@ def bigram_head(tokens: list[int], vocab: Vocab, n_embd: int) -> np.ndarray:
 def make_translated_set(outdir: Path, *, force: bool = False) -> dict[str, Path]:
     """Write (or reuse) the set in `outdir`: name -> path, names SET_NAMES."""
     from llamaspec.runtime.llama import Model
+    from llamaspec.testing.tiny_recurrent import write_mamba_model
 
     def write(paths: dict[str, Path]) -> None:
         for name, (vocab, space) in _vocabs().items():
@@ -143,6 +145,7 @@ def make_translated_set(outdir: Path, *, force: bool = False) -> dict[str, Path]
             elif name == "spm_space":
                 spm_tokens = tokens
             _write(paths[name], vocab, space, bigram_head(tokens, vocab, n_embd), f"tiny-{name}")
+        write_mamba_model(paths["spm_mamba"], n_layer=1, vocab=_vocabs()["spm_space"][0], name="tiny-spm-mamba")
 
     return cached_set(outdir, SET_NAMES, "translated-set.json", generator_fingerprint(__file__, SET_NAMES),
                       write, force=force)
