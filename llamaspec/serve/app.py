@@ -17,6 +17,7 @@ import hmac
 import ipaddress
 import json
 import sys
+import time
 import traceback
 from typing import Any, Sequence
 
@@ -239,7 +240,10 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
                 raise ApiError(*ev[1:])
         _, result, cache_n = ev
         build = fmt.chat_completion if kind == fmt.CHAT else fmt.text_completion
-        return JSONResponse(build(result, **ids, timings=fmt.timings(result, cache_n)))
+        response = JSONResponse(build(result, **ids, timings=fmt.timings(result, cache_n)))
+        job.marks["built"] = time.perf_counter()
+        sched.profile.job(job.marks)
+        return response
 
     async def _next_event(request: Request, job: Job, events: asyncio.Queue) -> tuple:
         """The job's next event; a client that disconnects meanwhile frees its slot."""

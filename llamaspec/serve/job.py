@@ -46,6 +46,7 @@ class Job:
     deadline: float = float("inf")     # time.monotonic() past which it ends (--timeout)
     error: BaseException | None = None  # a failure while its text was sent: ends it at the next reap
     ended: bool = False                # answered and counted out of the in-flight requests
+    marks: dict = field(default_factory=dict)   # perf_counter times on its way (serve/profile.py)
 
     def send(self, event: tuple) -> None:
         """emit, never raising into the engine thread (a closed event loop: the client is gone)."""

@@ -41,6 +41,7 @@ from llamaspec.errors import LlamaspecError, UsageError
 from llamaspec.openai_format import param_of
 from llamaspec.serve.job import Job, fault_point
 from llamaspec.serve.prefill import PrefillBudget
+from llamaspec.serve.profile import from_env as profile_from_env
 from llamaspec.serve.prompt_cache import PromptCache
 from llamaspec.serve.slots import pick_slot, swap_in
 
@@ -93,6 +94,7 @@ class Scheduler:
         ctx = self.engine.ctx
         chunkable = not generator.pipeline.target.needs_checkpoints and not ctx.has_decode_listeners
         self.prefill = PrefillBudget(ctx.n_batch) if chunked_prefill and chunkable else None
+        self.profile = profile_from_env(ctx)   # LLAMASPEC_SERVE_PROFILE=FILE: where the time goes
 
     # -- called from the HTTP side (any thread) -------------------------------------------------
     def start(self) -> None:
@@ -105,6 +107,7 @@ class Scheduler:
                 return False
             self._inflight += 1
             job.deadline = time.monotonic() + self.timeout
+            job.marks["submit"] = time.perf_counter()
             try:
                 self._preparing.submit(self._prepare, job)
             except RuntimeError:   # stopped: no more preparing
@@ -158,21 +161,29 @@ class Scheduler:
     # -- the engine thread ---------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self._loop()
+            with self.profile.span("loop"):
+                self._loop()
         except BaseException as e:  # noqa: BLE001 - the engine is gone: answer everyone, then say so
             self._die(e)
+        finally:
+            self.profile.write()
 
     def _loop(self) -> None:
         while True:
             try:
-                if self._read_inbox(block=not self._active and not self._pending):
-                    break
+                with self.profile.span("wait for work"):
+                    if self._read_inbox(block=not self._active and not self._pending):
+                        break
                 self._expire()
-                self._admit()
-                self._reap()
-                if self._active:
-                    self._step()
+                with self.profile.span("admit"):
+                    self._admit()
+                with self.profile.span("finish"):
                     self._reap()
+                if self._active:
+                    with self.profile.span("step"):
+                        self._step()
+                    with self.profile.span("finish"):
+                        self._reap()
             except Exception:  # noqa: BLE001 - a bug in one request must not stop the engine thread
                 traceback.print_exc(file=sys.stderr)
                 for slot, (job, seq) in list(self._active.items()):
@@ -256,6 +267,7 @@ class Scheduler:
                                         f"({n_ctx} tokens per slot), try increasing it", job.field_prompt,
                               "context_length_exceeded")
         job.send(("accepted", len(job.tokens)))
+        job.marks["ready"] = time.perf_counter()
         with self._idle:   # (a dying engine thread empties the inbox under this lock, stop() sets _stopping)
             if self.dead is None and not self._stopping:
                 self._inbox.put(job)
@@ -290,6 +302,8 @@ class Scheduler:
                 self._crash(job, e)
                 continue
             self._active[slot] = (job, seq)
+            job.marks["admit"] = time.perf_counter()
+            self.profile.admit(job.marks, 0 if self.prefill is not None else len(job.tokens) - shared)
 
     def _text_sink(self, job: Job):
         """The streamed-text callback of `job`'s sequence (called inside the shared step): a
@@ -377,6 +391,7 @@ class Scheduler:
                 self._drop(slot, seq)
                 self._crash(job, e)
                 continue
+            job.marks["done"] = time.perf_counter()
             if job.error is not None:
                 self._crash(job, job.error)
             else:
