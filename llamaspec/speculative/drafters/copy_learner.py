@@ -15,7 +15,7 @@ from typing import Sequence
 
 from llamaspec.speculative.match_controller import AGREEMENT_EDGES, CopyEvidence, CopyStats, agreement_bucket
 
-__all__ = ["CopyLearner", "contested", "REFUSAL_AGREEMENT", "STATS_DECAY", "PREDICTION_MAX"]
+__all__ = ["CopyLearner", "contested", "EVIDENCE_MAX", "REFUSAL_AGREEMENT", "STATS_DECAY", "PREDICTION_MAX"]
 
 #: a copy that broke after agreeing for this many tokens was refused by the model at that token
 #: (a renamed identifier, "\n" for the source's "\n\n"); shorter ones were the wrong place
@@ -25,6 +25,12 @@ REFUSAL_AGREEMENT = 4
 STATS_DECAY = 0.95
 #: tokens of a prediction kept to learn from (more than one step ever appends)
 PREDICTION_MAX = 256
+#: the longest copy given probabilities (so the longest draft a copying drafter makes): twice the
+#: largest batch a CPU verify pays off with (64), and a lookup's work stays bounded (a path of
+#: 511 tokens walked and priced every step cost ~1 ms, a tenth of a SmolLM2 step)
+EVIDENCE_MAX = 128
+#: agreement bucket of each g up to the last edge (agreement_bucket, without its loop per token)
+_BUCKET = [agreement_bucket(g) for g in range(AGREEMENT_EDGES[-1] + 1)]
 
 
 def contested(n: int, rival: int, n_min: int, n_max: int) -> int:
@@ -90,7 +96,7 @@ class CopyLearner:
         # p by agreement bucket, computed once per bucket (a draft can be hundreds of tokens)
         bucket_p = [s.p(edge) for edge in AGREEMENT_EDGES] + [s.p(AGREEMENT_EDGES[-1] + 1)]
         last = AGREEMENT_EDGES[-1]
-        probs = [bucket_p[agreement_bucket(g)] for g in range(match, min(match + len(src), last + 1))]
+        probs = [bucket_p[_BUCKET[g]] for g in range(match, min(match + len(src), last + 1))]
         probs += [bucket_p[-1]] * (len(src) - len(probs))
         if self.refused:
             for i, t in enumerate(src):

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from llamaspec.speculative.drafters.base import Draft, Drafter, announce
-from llamaspec.speculative.drafters.copy_learner import PREDICTION_MAX, CopyLearner, contested
+from llamaspec.speculative.drafters.copy_learner import EVIDENCE_MAX, PREDICTION_MAX, CopyLearner, contested
 from llamaspec.speculative.match_controller import CopyEvidence
 
 __all__ = ["prompt_lookup_draft", "PromptLookupDrafter"]
@@ -176,7 +176,7 @@ class PromptLookupDrafter(Drafter):
         position: p(agreement) of the sequence's statistics, times (held + 1) / (held + refused
         + 1) of the source token (a token the text refused to copy before is likely refused
         again); at most size_m positions, up to and including an end-of-generation token."""
-        src = history[start:start + self.size_m]
+        src = history[start:start + min(self.size_m, EVIDENCE_MAX)]
         if self.is_stop is not None:
             for i, t in enumerate(src):
                 if self.is_stop(int(t)):

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from llamaspec.speculative.drafters.base import Draft, Drafter, announce
-from llamaspec.speculative.drafters.copy_learner import CopyLearner, contested
+from llamaspec.speculative.drafters.copy_learner import EVIDENCE_MAX, CopyLearner, contested
 from llamaspec.speculative.drafters.suffix_tree import SuffixDraft, SuffixIndex, follow, shares, speculate
 
 __all__ = ["SuffixDrafter", "DEFAULT_MAX_TOKENS"]
@@ -118,7 +118,7 @@ class SuffixDrafter(Drafter):
         # from the whole frequent path (not only factor * L tokens): p per position is what this
         # text did after copies (agreement, refused tokens) times the share of the earlier
         # occurrences that go on this way (all agree: 1; they split: the divergence costs).
-        path = follow(ix, d.positions, self.size_m, self.min_prob)
+        path = follow(ix, d.positions, min(self.size_m, EVIDENCE_MAX), self.min_prob)
         match = contested(d.match, d.rival, self.n_min, self.n_max)
         ev = s.learner.evidence(match, path.tokens, shares(path.probs))
         s.learner.expect(path.tokens, len(history), match)
