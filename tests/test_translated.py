@@ -12,7 +12,8 @@ import os
 import pytest
 
 from llamaspec.speculative.drafters.translated_text import (
-    Encoder, complete_utf8_len, draft_to_target, replace_with_offsets, reverse_pairs, source_offset, tokenize_tail)
+    Encoder, align_ends, complete_utf8_len, draft_to_target, replace_with_offsets, restart_index, reverse_pairs,
+    source_offset, tokenize_tail)
 
 # ---- a toy tokenizer: greedy longest match over a small vocabulary --------------------------------
 
@@ -89,6 +90,57 @@ def test_draft_to_target_keeps_tokens_inside_the_drafted_text():
     # wrote h|e): the drafted text alone is tokenized, starting where the target's text ends
     assert draft_to_target(b"he", [6, 7], "llo!", TOY) == [2]
     assert draft_to_target(b"hello", [1, 2], "", TOY) == []
+
+
+# ---- a toy SentencePiece tokenizer that adds a leading space, as llama.cpp's does -------------------
+# "▁" before the text and after each special token, spaces as "▁", longest match, bytes as fallback
+
+SP = {"<s>": 1, "▁hello": 2, "▁world": 3, "▁": 4, "he": 5, "llo": 6, "h": 7, "e": 8, "l": 9, "o": 10,
+      "▁wor": 11, "ld": 12, "\n": 13, "!": 14}
+SP_PIECES = {**{v: k.replace("▁", " ").encode() for k, v in SP.items()}, **{100 + b: bytes([b]) for b in range(256)}}
+
+
+def sp_tokenize(text: str) -> list[int]:
+    out: list[int] = []
+    for i, frag in enumerate(text.split("<s>")):
+        if i:
+            out.append(SP["<s>"])
+        s = "▁" + frag.replace(" ", "▁")
+        while s:
+            w = max((w for w in SP if s.startswith(w)), key=len, default=None)
+            if w is None:   # byte fallback
+                out += [100 + b for b in s[0].encode()]
+                s = s[1:]
+            else:
+                out.append(SP[w])
+                s = s[len(w):]
+    return out
+
+
+SPE = Encoder(sp_tokenize, SP_PIECES.__getitem__)
+
+
+def test_encoder_drops_the_added_space_of_a_window():
+    assert SPE.prefix == b" " and TOY.prefix == b""
+    assert sp_tokenize("llo world") == [4, 6, 3]                       # the stray "▁" the bug drafted
+    assert SPE("llo world") == ([6, 3], [3, 9])                        # after the sentinel: none
+    assert SPE("hello world", at_start=True) == ([2, 3], [5, 11])      # a prompt keeps its space
+    # after a special token the tokenizer adds a space again: the end before it is no restart point
+    assert SPE("he<s>llo") == ([5, 1, 4, 6], [2, None, 5, 8])
+    assert align_ends(b"ab", [b"a", b"c"], b" ") is None               # not the text: nothing is sure
+
+
+def test_draft_to_target_for_a_target_that_adds_a_space():
+    # the target wrote "hello" (one token); the draft wrote " world!": " world" is kept, "!" may grow
+    assert draft_to_target(b" hello", [2], " world!", SPE) == [3]
+    assert draft_to_target(b"he", [5], "llo world", SPE) == [6]         # no stray "▁" before "llo"
+
+
+def test_windows_start_at_character_boundaries():
+    # "é" is two byte tokens: the end between them is no place to start a window
+    k, new, ends = tokenize_tail("hé", [], keep_tail=4, floor=0, encode=SPE)
+    assert new == [4, 7, 100 + 0xC3, 100 + 0xA9] and ends == [0, 1, None, 2]
+    assert restart_index([0, 1, None, 2, 3], keep_tail=2, floor=0) == 2   # back past the cut character
 
 
 # ---- the drafter on real models --------------------------------------------------------------------
