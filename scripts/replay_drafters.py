@@ -14,6 +14,9 @@ accepted), the yardstick `bench` reports as `bound`.
     scripts/replay_drafters.py --measure MODEL --prompt-preset code  # prints a curve at that depth
     scripts/replay_drafters.py --record MODEL --prompts suite.jsonl -o he.json   # he.ID.json each
     scripts/replay_drafters.py code.json --curve "$(scripts/replay_drafters.py --measure MODEL)"
+    # the code-edit suite of scripts/bench_bound.py, the default chain only, geomean over traces:
+    scripts/replay_drafters.py --record MODEL --prompts scripts/code_edits.jsonl -o ce.json
+    scripts/replay_drafters.py ce.*.json --drafter prompt-lookup,suffix --curve 1:1,2:1.9,4:2.27,8:3.36,16:5.07,32:8.88,64:15.15
 
 "adaptive" gives the controllers the curve; "learnt costs" makes them learn it from the replayed
 step times as the engine does from measured ones (closer to a real run: the first drafts are
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -133,6 +137,8 @@ def main() -> None:
                                     "(--measure MODEL prints it); required to replay: another machine's "
                                     "curve models another machine")
     ap.add_argument("--k-max", type=int, default=32)
+    ap.add_argument("--drafter", action="append", choices=sorted(DRAFTERS),
+                    help="replay only these (repeatable; default: all)")
     ap.add_argument("--record", metavar="MODEL")
     ap.add_argument("--prompt-preset", default="code")
     ap.add_argument("--prompts", type=Path, help="with --record: a JSONL suite (bench --prompts), one trace each")
@@ -150,18 +156,24 @@ def main() -> None:
     if a.trace and not a.curve:
         ap.error("--curve is required to replay a trace: measure this machine's with --measure MODEL")
     curve = {int(k): float(v) for k, v in (p.split(":") for p in a.curve.split(","))} if a.curve else {}
+    fractions: dict[tuple[str, str], list[float]] = {}
     for trace in a.trace:
         data = json.loads(trace.read_text())
         b = copy_bound(data["prompt"], data["out"], curve)
         print(f"{trace.name}  {'copy bound':20s} {'oracle':14s} {b.steps:4d} steps  {b.speedup:.2f}x modelled "
               f"({b.copied} of {b.tokens} tokens copied)")
         eog = frozenset(data.get("eog", ()))
-        for name, make in DRAFTERS.items():
+        for name in a.drafter or DRAFTERS:
             for how, kw in (("adaptive", {}), ("learnt costs", {"learn_costs": True}),
                             (f"fixed k={a.k_max}", {"adaptive": False})):
-                steps, speed = replay(make, data["prompt"], data["out"], curve, a.k_max, eog=eog, **kw)
+                steps, speed = replay(DRAFTERS[name], data["prompt"], data["out"], curve, a.k_max, eog=eog, **kw)
+                fractions.setdefault((name, how), []).append(speed / b.speedup)
                 print(f"{trace.name}  {name:20s} {how:14s} {steps:4d} steps  {speed:.2f}x modelled, "
                       f"{speed / b.speedup:.2f} of the bound")
+    if len(a.trace) > 1:   # the geometric mean over traces: what `bench --prompts` reports as of bound
+        for (name, how), fr in fractions.items():
+            geo = math.exp(sum(math.log(f) for f in fr) / len(fr))
+            print(f"geomean of {len(fr)} traces  {name:20s} {how:14s} {geo:.3f} of the bound")
 
 if __name__ == "__main__":
     main()
