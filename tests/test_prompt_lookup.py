@@ -94,6 +94,27 @@ def test_long_matches_earn_long_drafts_and_short_ones_stop():
     assert mc.n_pauses >= 1
 
 
+def test_copy_learner_prices_a_refused_token_and_learns_undrafted_steps():
+    from llamaspec.speculative.drafters.copy_learner import CopyLearner
+
+    c = CopyLearner()
+    # draft positions at agreements 8, 9, 10: the priors of buckets 6-8 and 9-16
+    assert c.probs(8, [5, 6, 7]) == [0.92, 0.96, 0.96]
+    # a lookup that was not drafted still teaches: the text followed 5 6 for 2 tokens after a
+    # 10-token match, then wrote 4 where the source has 7 (a confident copy refused 7)
+    c.expect([5, 6, 7, 8], at=2, match=10)
+    c.learn([0, 1, 5, 6, 4])
+    assert c.refused == {7: 1} and c.held == {5: 1, 6: 1} and c.pending is None
+    after = c.probs(8, [5, 6, 7])
+    # 7 held 0 times, refused once: (0 + 1) / (0 + 1 + 1) of its agreement's p
+    assert after[2] == pytest.approx(c.stats.p(10) / 2) and after[0] == pytest.approx(c.stats.p(8))
+    # a prediction the text has not reached yet teaches nothing
+    seen = list(c.stats.seen)
+    c.expect([9], at=5, match=3)
+    c.learn([0, 1, 5, 6, 4])
+    assert c.stats.seen == seen and c.pending is None
+
+
 def test_plain_steps_teach_only_the_shared_costs():
     mc = _match_controller(curve=None)
     mc.cost.verify_ratio_fn = None
