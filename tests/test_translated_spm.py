@@ -19,7 +19,7 @@ from llamaspec.testing import real_models
 from llamaspec.testing.tiny_spm import TEXT, make_translated_set
 
 WORDS = TEXT.split()
-PROMPTS = (" ".join(WORDS[:8]), " ".join(WORDS[60:70]), " ".join(WORDS[150:155]))
+PROMPTS = (" ".join(WORDS[:8]), " ".join(WORDS[60:70]), " ".join(WORDS[150:155]), " ".join(WORDS[228:234]))
 #: (target, draft, the same pair with the space prefix off)
 DIRECTIONS = (("bpe", "spm_space", ("bpe", "spm_nospace")), ("spm_space", "bpe", ("spm_nospace", "bpe")))
 

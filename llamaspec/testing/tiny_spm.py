@@ -7,12 +7,13 @@ A draft only helps a target of another vocabulary when both predict the same *te
 weights do not: here each model is a bigram model of one training text under its own tokenizer
 (the next token's logit is P(next | current token), counted on llama.cpp's own tokenization of
 the text). Embeddings are one-hot (n_embd >= vocabulary size) and the one block adds nothing to
-the residual stream, so logits are exactly the bigram table. Both tokenizers cut the text into
-similar words, so greedy continuations agree often but not always (a comma is one token in BPE
-and part of the word in SPM, so its successor is counted differently): drafts see full, partial
-and zero acceptances.
+the residual stream, so logits are exactly the bigram table. The text is made-up words, most
+once (so both models copy it on, whatever their tokens), some twice (two successors: where the
+models may part). Greedy continuations agree nearly always: what the tests measure is what the
+translation between tokenizers loses (tests/test_translated_spm.py). A random-weight Mamba model
+with the SPM vocabulary is a recurrent draft for the checkpoint path.
 
-    python -m llamaspec.testing.tiny_spm [OUTDIR]    # writes the set, prints acceptances
+    python -m llamaspec.testing.tiny_spm [OUTDIR]    # writes the set
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from llamaspec.testing.tiny_models import (
 
 
 
-def _made_up_text(n_words: int = 240, seed: int = 7) -> str:
-    """Made-up words, each once (a bigram model of it copies it on): syllables repeat, so a
-    tokenizer that splits a word has pieces with several successors, where the models part."""
+def _made_up_text(n_words: int = 240, n_remix: int = 60, seed: int = 7) -> str:
+    """Made-up words, each once (a bigram model of it copies it on), then n_remix of them again
+    in another order: those have two successors, and the two models do not always pick the same
+    one (ties go to the more frequent token, counted in each model's own tokens)."""
     rng = np.random.default_rng(seed)
     syll = ["ka", "lo", "mi", "ren", "to", "sa", "vel", "dor", "ni", "pa", "que", "zu", "bri", "fen", "ost"]
     seen: set[str] = set()
@@ -40,7 +42,8 @@ def _made_up_text(n_words: int = 240, seed: int = 7) -> str:
         if w not in seen:
             seen.add(w)
             words.append(w)
-    return " ".join(words) + "\n"
+    remix = [words[int(i)] for i in rng.permutation(n_words)[:n_remix]]
+    return " ".join(words) + "\n" + " ".join(remix) + "\n"
 
 
 #: the training text
