@@ -10,11 +10,15 @@ from n-gram positions):
   bounded (`max_tokens`; the oldest requests are evicted), filled at `end(seq_id)`;
 - one per running request over its prompt and output so far (what prompt-lookup searches).
 
-Each step both propose their best-scoring draft (frequency-scored path, sized by the match
-length: `factor * L + offset`, cut where the path probability falls below `min_prob`); the
-higher score wins, the request's own on ties. The draft carries `match` = L, so the engine's
-per-match-length controller sizes it (match_controller.py). Lossless like every type: the target
-verifies each draft.
+Each step both choose their best-scoring match (SuffixDecoding's score: the frequency-scored path
+of at most `factor * L + offset` tokens, cut where the path probability falls below `min_prob`);
+the higher score wins, the request's own on ties. The draft is the whole frequent path from that
+match (up to EVIDENCE_MAX tokens) and carries CopyEvidence: per position, what this request's
+text did after earlier copies (continuation per agreement length, source tokens it refused:
+copy_learner.py, as prompt-lookup) times the share of the earlier occurrences that go on that
+way (all agree: 1; where they split, the divergence is priced). The match controller drafts the
+length with the best expected gain against the verify cost (match_controller.py). Lossless like
+every type: the target verifies each draft.
 """
 
 from __future__ import annotations
