@@ -132,13 +132,18 @@ def test_recurrent_draft_rolls_back_to_a_checkpoint(models):
     with _gen(models["bpe"], models["spm_mamba"], max_tokens=32, adaptive=False, draft_max=4) as g:
         d = g.pipeline.drafter
         assert d.draft.needs_checkpoints
+        first: list[int] = []
+        _spy(d.ctx, first)
+        r = g.generate(prompt)
+        # the prompt up to the checkpoint, its last tokens; then a few tokens a step (before: ~100)
+        assert sum(first[:2]) > 90 and max(first[2:]) < 20, first
         calls: list[int] = []
         _spy(d.ctx, calls)
-        r = g.generate(prompt)
+        # the next turn rolls back to the checkpoint the first one left: its new text only
+        g.generate(prompt + r.text + " " + " ".join(WORDS[130:134]))
+        assert calls and sum(calls[:2]) < 20, calls
     assert r.tokens == plain
     assert r.stats["drafted"] > r.stats["accepted"]   # random weights: rollbacks happen
-    # the prompt up to the checkpoint, its last tokens; then a few tokens a step (before: ~100)
-    assert sum(calls[:2]) > 90 and max(calls[2:]) < 20, calls
 
 
 if __name__ == "__main__":  # pragma: no cover - the table the closing note quotes

@@ -18,7 +18,7 @@ from llamaspec.gguf.header import GGUFHeader, read_file
 from llamaspec.gguf.vocab import VocabInfo
 from llamaspec.pairing import compat, discovery
 
-#: a translated draft re-tokenizes text each step: only clearly smaller files are worth a look
+#: a translated draft tokenizes text both ways each step: only clearly smaller files are worth a look
 MAX_SIZE_RATIO = 0.6
 
 
