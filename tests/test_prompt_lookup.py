@@ -115,6 +115,23 @@ def test_copy_learner_prices_a_refused_token_and_learns_undrafted_steps():
     assert c.stats.seen == seen and c.pending is None
 
 
+def test_copies_from_the_output_itself_are_counted_apart_from_copies_from_the_prompt():
+    from llamaspec.speculative.drafters.copy_learner import OWN_PRIORS
+    from llamaspec.speculative.match_controller import PRIOR_CONTINUE
+
+    def first_p(prompt, output):
+        d = PromptLookupDrafter()
+        d.begin(0, prompt)
+        seen = []
+        d.propose_within(0, prompt + output, lambda dr, match=None: seen.append(match) or 0)
+        return int(seen[0]), seen[0].probs[0]
+
+    # "2 3" repeats the prompt: a stretch the answer may be copying
+    assert first_p([1, 2, 3, 4, 5], [9, 2, 3]) == (2, PRIOR_CONTINUE[0])
+    # "2 3" repeats the answer's own words: more often a phrase said again than a stretch copied
+    assert first_p([7, 8], [1, 2, 3, 4, 9, 2, 3]) == (2, OWN_PRIORS[0]) and OWN_PRIORS[0] < PRIOR_CONTINUE[0]
+
+
 def test_plain_steps_teach_only_the_shared_costs():
     mc = _match_controller(curve=None)
     mc.cost.verify_ratio_fn = None

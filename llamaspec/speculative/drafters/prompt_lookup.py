@@ -86,6 +86,7 @@ class _Seq:
     indexed: int = 0                          # positions < indexed are in `ends`
     first: int = -1                           # history[0] when indexed, to notice a new history
     learner: CopyLearner = field(default_factory=CopyLearner)   # what copies did in this text
+    n_prompt: int = 0                         # history[:n_prompt] is the prompt
 
 
 class PromptLookupDrafter(Drafter):
@@ -112,7 +113,7 @@ class PromptLookupDrafter(Drafter):
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
               rng: np.random.Generator | None = None) -> None:
-        s = self._seqs[seq_id] = _Seq()
+        s = self._seqs[seq_id] = _Seq(n_prompt=len(prompt_tokens))
         self._index(s, prompt_tokens, len(prompt_tokens) - 1)
 
     def end(self, seq_id: int) -> None:
@@ -168,10 +169,11 @@ class PromptLookupDrafter(Drafter):
     def _seq(self, seq_id: int, history: Sequence[int]) -> _Seq:
         s = self._seqs.get(seq_id)
         if s is None or (len(history) and history[0] != s.first) or s.indexed > len(history):
-            s = self._seqs[seq_id] = _Seq()
+            s = self._seqs[seq_id] = _Seq(n_prompt=len(history))
         return s
 
-    def continuation(self, seq_id: int, history: Sequence[int], start: int, match: int) -> CopyEvidence:
+    def continuation(self, seq_id: int, history: Sequence[int], start: int, match: int,
+                     own: bool = False) -> CopyEvidence:
         """`match` with the probabilities that the text follows the copy history[start:] at each
         position: p(agreement) of the sequence's statistics, times (held + 1) / (held + refused
         + 1) of the source token (a token the text refused to copy before is likely refused
@@ -182,7 +184,7 @@ class PromptLookupDrafter(Drafter):
                 if self.is_stop(int(t)):
                     src = src[:i + 1]
                     break
-        return self._seqs[seq_id].learner.evidence(match, src)
+        return self._seqs[seq_id].learner.evidence(match, src, own=own)
 
     def evidence(self, n: int, rival: int) -> int:
         """The match length the controller sizes a draft by: n, or n_min when another place with
@@ -197,8 +199,9 @@ class PromptLookupDrafter(Drafter):
         j, n, rival = self.locate(seq_id, history)
         if j < 0:
             return Draft([], None, self.name)
-        ev = self.continuation(seq_id, history, j + 1, self.evidence(n, rival))
-        self._seqs[seq_id].learner.expect(history[j + 1:j + 1 + PREDICTION_MAX], len(history), int(ev))
+        own = j >= self._seqs[seq_id].n_prompt    # the source is the output itself (statistics apart)
+        ev = self.continuation(seq_id, history, j + 1, self.evidence(n, rival), own)
+        self._seqs[seq_id].learner.expect(history[j + 1:j + 1 + PREDICTION_MAX], len(history), int(ev), own)
         k = min(limit(self, ev), len(ev.probs))
         if k <= 0:
             return Draft([], None, self.name)
