@@ -92,6 +92,15 @@ def test_draft_to_target_keeps_tokens_inside_the_drafted_text():
     assert draft_to_target(b"hello", [1, 2], "", TOY) == []
 
 
+def test_translated_text_doctests():
+    import doctest
+
+    from llamaspec.speculative.drafters import translated_text
+
+    result = doctest.testmod(translated_text)
+    assert result.attempted >= 8 and result.failed == 0, result
+
+
 # ---- a toy SentencePiece tokenizer that adds a leading space, as llama.cpp's does -------------------
 # "▁" before the text and after each special token, spaces as "▁", longest match, bytes as fallback
 
