@@ -11,7 +11,7 @@ import pytest
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.llama import Model
 from llamaspec.speculative.controller import DraftLengthController
-from llamaspec.speculative.costs import RECALIBRATE_STEPS, CostModel
+from llamaspec.speculative.costs import RECALIBRATE_STEPS, CostModel, marginal_charges
 from llamaspec.speculative.drafters.model import SYNC_WINDOW, ModelDrafter
 from tests.engine_helpers import generate, prompt_tokens
 
@@ -58,10 +58,12 @@ def test_draft_catch_up_after_a_pause_is_bounded_and_positions_stay_consistent(t
     d = ModelDrafter(dctx)
     prompt = prompt_tokens(target, "The sea is wide and the sky is blue.")
     d.begin(0, prompt)
+    assert seen == []                          # the prompt waits for the first draft
     history = prompt + [int(t) for t in np.random.default_rng(0).integers(5, target.n_vocab, 100)]
-    seen.clear()
     first = d.propose(0, history, 4)
-    assert seen[0] == SYNC_WINDOW and len(first) == 4
+    # the prompt and the last SYNC_WINDOW tokens, in one batch; then one decode per draft token
+    assert seen[0] == len(prompt) + SYNC_WINDOW and len(first) == 4
+    assert dctx.seq_pos_max(0) + 1 == len(prompt) + SYNC_WINDOW + 3
     d.accepted(0, 1, first.tokens[:1] + [7])
     history += first.tokens[:1] + [7]           # 3 draft tokens rejected: rolled back next time
     seen.clear()
@@ -83,3 +85,104 @@ def test_draft_model_stays_lossless_with_pauses_and_catch_ups(tiny_models, fixed
     spec = generate(target, "draft", prompt, draft=tiny_models["draft"], n=80, adaptive=not fixed)
     assert spec.tokens == plain.tokens
     target.close()
+
+
+# -- several sequences in one batch: each charged the marginal cost of its draft rows -------------
+
+def test_docstring_examples():
+    import doctest
+
+    from llamaspec.speculative import costs
+
+    assert doctest.testmod(costs).failed == 0
+
+
+def _line(a: float, b: float):
+    return lambda n: a + b * n
+
+
+@pytest.mark.parametrize("n_seqs", [2, 4, 8])
+def test_marginal_charges_price_draft_rows_by_the_curve_not_by_their_share(n_seqs):
+    """One sequence drafts 8 among plain ones. On a flat curve (t(n) = 1 + 0.01 n) its extra
+    rows cost almost nothing, whatever the number of slots; the rows' share priced them at 9
+    plain rows. On a steep one (t(n) = n) the marginal is the rows themselves."""
+    rows = [9] + [1] * (n_seqs - 1)
+    flat = marginal_charges(rows, 0, 1.0, _line(1.0, 0.01))
+    t0, t = 1.0 + 0.01 * n_seqs, 1.0 + 0.01 * (n_seqs + 8)
+    assert flat[0] == pytest.approx((t0 / n_seqs + t - t0) / t)
+    assert all(c == pytest.approx(t0 / n_seqs / t) for c in flat[1:])
+    assert flat[0] / flat[1] < 1.0 + 0.1 * n_seqs          # rows' share: 9 every time
+    steep = marginal_charges(rows, 0, 1.0, _line(0.0, 1.0))
+    assert steep[0] / steep[1] == pytest.approx(9.0)
+    # a prompt chunk in the batch is nobody's charge, and a sequence alone pays the whole step
+    with_chunk = marginal_charges([3], 20, 2.0, _line(1.0, 0.1))
+    assert with_chunk[0] == pytest.approx(2.0 * (3.1 / 21 + 3.3 - 3.1) / 3.3)
+    assert marginal_charges([5], 0, 0.04, _line(1.0, 0.1)) == [pytest.approx(0.04)]
+
+
+def test_a_drafting_sequence_among_plain_ones_keeps_drafting_on_a_flat_curve():
+    """Timings a sequence's controller sees at --parallel 4 on a flat curve (a step of 4 rows or
+    4 + 8 rows costs about the same), the first draft token of each draft accepted (2 tokens a
+    step): charged the marginal cost (8 draft tokens: ~1.3 plain steps, 2 tokens: ~1.1) it drafts
+    at nearly every step; charged its rows' share (9 / 12 of the step against 1 / 4: 8 draft
+    tokens cost 3 plain steps, 2 tokens 2) it pauses and probes now and then."""
+    def run(charge) -> int:
+        ctl = DraftLengthController(n_max=8, cost=CostModel())
+        drafted = 0
+        for _ in range(60):
+            k = ctl.choose()
+            rows = [k + 1, 1, 1, 1]
+            seconds = 0.01 * (1.0 + 0.01 * sum(rows))
+            ctl.observe(k, min(k, 1), verify_seconds=charge(rows, seconds))
+            drafted += k > 0
+        return drafted
+
+    curve = _line(1.0, 0.01)
+    marginal = run(lambda rows, s: marginal_charges(rows, 0, s, curve)[0])
+    share = run(lambda rows, s: s * rows[0] / sum(rows))
+    assert marginal >= 55
+    assert share <= 5
+
+
+def test_cost_curve_as_a_function():
+    cm = CostModel()
+    for n, t in [(1, 0.010), (4, 0.020), (8, 0.030)] * 3:
+        cm.observe_verify(n, t)
+    curve = cm.batch_curve(8)
+    assert curve(1) == 1.0 and curve(8) == pytest.approx(3.0) and curve(12) == curve(8)
+
+
+# -- a draft model that cannot pay: paused from the start, probes rarer and rarer -------------------
+
+def test_a_same_size_draft_does_not_probe_within_a_story():
+    """A draft token timed at load at 0.9 of a target step (SmolLM2 Q4_1 for its F16 on a CPU):
+    no draft in a 256-token run, and a failed probe doubles the next pause (backoff)."""
+    ctl = DraftLengthController(n_max=8, cost=CostModel(draft_ratio_prior=0.9), resume_tokens=SYNC_WINDOW)
+    ks = [ctl.choose() for _ in range(256)]
+    assert ks == [0] * 256
+    first = ctl.pause_cap()
+    assert first >= ctl.probe_loss() / ctl.cost_probe_budget - 1
+    while (k := ctl.choose()) == 0:
+        pass
+    ctl.observe(k, 0)                              # the probe fails: the next pause is twice as long
+    assert ctl._pause_left == 2 * first
+
+
+def test_a_costly_drafters_failed_probe_waits_for_its_drafting_work():
+    """A draft model that could pay (0.3 of a step a token, cheap verify) but drafts badly now:
+    after a failed probe the pause is at least its drafting work over the probe budget, instead of
+    8, 16, 32 steps; a free drafter keeps the short doubling pauses."""
+    def after_failed_probe(d: float) -> int:
+        cost = CostModel(verify_ratio_fn=lambda k: 1.0 + 0.05 * k, draft_ratio_value=d)
+        ctl = DraftLengthController(n_max=8, cost=cost, resume_tokens=SYNC_WINDOW if d else 0)
+        while not ctl.paused:                      # bad drafts: the acceptance window pauses it
+            ctl.observe(ctl.choose(), 0)
+        first = ctl._pause_left
+        while (k := ctl.choose()) == 0:
+            pass
+        ctl.observe(k, 0)                          # the probe fails
+        assert first <= ctl.pause
+        return ctl._pause_left
+
+    assert after_failed_probe(0.3) >= 0.3 * (4 + 1.75) / 0.03
+    assert after_failed_probe(0.0) <= 16

@@ -155,3 +155,42 @@ def test_a_draft_model_drafts_several_sequences_together(tiny_models, monkeypatc
     assert [len(t) for t in alone] == [4] * 4
     assert together == alone
     assert (passes_alone, passes_together) == (16, 4)
+
+
+CODE = '''def area(width, height):
+    if width < 0 or height < 0:
+        raise ValueError("negative size")
+    return width * height
+
+
+def perimeter(width, height):
+    if width < 0 or height < 0:
+        raise ValueError("negative size")
+    return 2 * (width + height)
+'''
+MIXED_PROMPTS = [f"Rename width to w and height to h in this code:\n\n{CODE}",
+                 "Write a story about a lighthouse keeper.",
+                 "Explain how photosynthesis works.",
+                 "Describe the water cycle in detail."]
+
+
+def test_a_copying_sequence_among_plain_ones_keeps_drafting(smollm2_f16):
+    """--parallel 4, one prompt that copies code among three that do not: the copying sequence is
+    charged the marginal cost of its draft rows (engine.marginal_charges), so it drafts and its
+    drafts are accepted as they are alone; every sequence's tokens are plain decoding's (a flip at
+    a near-tie of a batch's rounding allowed)."""
+    kw = {"max_tokens": 96, "threads": 2}
+    with Generator(smollm2_f16, parallel=4, temperature=0, tuned=False, spec_type="prompt-lookup", **kw) as g:
+        spec = {r.id: r for r in g.generate_many(MIXED_PROMPTS, parallel=4)}
+    with Generator(smollm2_f16, parallel=4, temperature=0, tuned=False, spec_type="none", **kw) as g:
+        plain = {r.id: r for r in g.generate_many(MIXED_PROMPTS, parallel=4)}
+        prompts = {str(i): g.tokenize(p) for i, p in enumerate(MIXED_PROMPTS)}
+    copying = spec["0"].stats
+    assert copying["drafted"] > 0 and copying["accepted"] >= copying["drafted"] // 2
+    assert copying["steps"] < 0.6 * len(spec["0"].tokens)
+    target = Model(smollm2_f16)
+    try:
+        for k in sorted(plain):
+            assert_lossless(target, prompts[k], plain[k].tokens, spec[k].tokens, eps=0.1, label=f"prompt {k}")
+    finally:
+        target.close()

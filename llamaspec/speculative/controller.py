@@ -36,11 +36,14 @@ again; drafting that lasts through the grace resets the pause to `pause` steps. 
 or drafting that stops again within the grace (the probe was luck), doubles the pause, up to a
 cap that depends on why drafting stopped:
 - it cannot pay by cost: even if every draft token were accepted, no k reaches `min_gain` (a
-  draft model as slow as the target). Acceptance cannot change that, only re-measured costs can,
-  so the cap is `max_pause` (longer for a costly drafter, by `probe_budget`) and probes stay rare.
+  draft model as slow as the target). Acceptance cannot change that, only re-measured costs can
+  (the draft's cost timed at load may have been noise), so the first pause is already the cap,
+  priced so that a failed probe costs at most `cost_probe_budget` (1 %) of plain decoding, and
+  each failed probe doubles it: a 256-token run probes at most once, a long one O(log n) times.
 - the drafts are bad right now: the cap is `recover_pause`, so drafting resumes soon after the
   text becomes predictable again, raised for a costly drafter so that failed probes (cost
-  C(probe_k) - 1 each) cost at most `probe_budget` of plain decoding.
+  C(probe_k) - 1 each) cost at most `probe_budget` of plain decoding; a costly drafter's pause
+  after a failed probe is at least its drafting work over that budget (`drafting_floor`).
 The text moves on while drafting is paused, so each skipped step forgets the acceptance counts
 as a drafted step does (`decay`): after a pause the estimates are close to the prior and the
 probe's own outcome decides, rather than counts from a stretch the text has left.
@@ -85,7 +88,8 @@ class DraftLengthController:
                  position_weight: float = 2.0, min_gain: float = 1.05,
                  off_acceptance: float = 0.1, window: int = 16, pause: int = 8,
                  max_pause: int = 128, recover_pause: int = 32, probe_budget: float = 0.03,
-                 probe_k: int | None = None, split_runs: bool = True):
+                 cost_probe_budget: float = 0.01, probe_k: int | None = None, split_runs: bool = True,
+                 resume_tokens: int = 0):
         if not 0 <= n_min <= n_max:
             raise ValueError(f"need 0 <= n_min <= n_max (got {n_min}, {n_max})")
         self.n_min = max(1, n_min)
@@ -102,6 +106,8 @@ class DraftLengthController:
         self.max_pause = max_pause
         self.recover_pause = recover_pause
         self.probe_budget = probe_budget
+        self.cost_probe_budget = cost_probe_budget
+        self.resume_tokens = resume_tokens  # what the drafter re-reads to draft after a pause
         self.probe_k = min(n_max, max(self.n_min, 4)) if probe_k is None else probe_k
         self.split_runs = split_runs
         self._pool_num = 0.0  # decayed accepted counts, all positions
@@ -263,14 +269,34 @@ class DraftLengthController:
 
     def pause_cap(self) -> int:
         """Longest pause between probes, so that failed probes (C(probe_k) - 1 each) cost at most
-        `probe_budget` of plain decoding: when drafting cannot pay by cost, at least `max_pause`
-        (up to 8x that for a costly drafter); else `recover_pause`, up to `max_pause`."""
-        k = self.probe_k
-        loss = self.cost.verify_ratio(k) + self.cost.draft_ratio * k - 1.0
-        by_cost = math.ceil(loss / self.probe_budget) if self.probe_budget > 0 else self.max_pause
+        a budget of plain decoding. When drafting cannot pay by cost: `cost_probe_budget` (1 %:
+        such a probe only re-measures costs, in case the load-time timing was noise), at least
+        `max_pause` and at most 8x that (failed probes then double it, `_start_pause`); else
+        `probe_budget`, at least `recover_pause`, at most 8x `max_pause`."""
+        loss = self.probe_loss()
         if self.max_rate() < self.min_gain:  # only re-measured costs can change this: probe rarely
+            by_cost = math.ceil(loss / self.cost_probe_budget) if self.cost_probe_budget > 0 else self.max_pause
             return max(self.max_pause, min(by_cost, 8 * self.max_pause))
-        return max(self.pause, min(self.max_pause, max(self.recover_pause, by_cost)))
+        by_cost = math.ceil(loss / self.probe_budget) if self.probe_budget > 0 else self.max_pause
+        return max(self.pause, self.recover_pause, min(by_cost, 8 * self.max_pause))
+
+    def probe_loss(self) -> float:
+        """What a failed probe costs over a plain step, in plain steps: C(probe_k) - 1, plus the
+        drafter's catch-up after a pause (`resume_tokens` drafted as one batch, priced on the
+        verify curve: a draft model evaluates the last SYNC_WINDOW tokens before drafting)."""
+        k, d = self.probe_k, self.cost.draft_ratio
+        resume = d * self.cost.verify_ratio(self.resume_tokens - 1) if self.resume_tokens > 0 else 0.0
+        return self.cost.verify_ratio(k) + d * k - 1.0 + resume
+
+    def drafting_floor(self) -> int:
+        """Shortest pause after a failed probe: the probe's drafting work (its catch-up and
+        d * probe_k plain steps: a draft model's decodes) spread over `probe_budget`. 0 for a free drafter, whose
+        pauses double from `pause` so that it resumes soon; a draft model as dear as the
+        target (d ~ 0.9, 4 tokens: 120 steps) no longer probes 8, 16, 32 steps apart, which cost
+        a 256-token story 5-10 % in failed probes."""
+        if self.probe_budget <= 0:
+            return 0
+        return math.ceil((self.probe_loss() - self.cost.verify_ratio(self.probe_k) + 1.0) / self.probe_budget)
 
     def _forget(self, f: float) -> None:
         """Scale every acceptance count by f (estimates move towards the prior)."""
@@ -286,11 +312,18 @@ class DraftLengthController:
         grace after a good probe (that probe was luck). When drafting cannot pay by cost, the
         pause is the whole cap at once: no acceptance could change that, so short first pauses
         would only buy probes that cannot succeed (each one costing a draft and a verify)."""
-        if longer or self._grace > 0:
+        failed = longer or self._grace > 0
+        if failed:
             self._pause_len *= 2
         self._grace = 0
         cap = self.pause_cap()
-        self._pause_len = cap if self.max_rate() < self.min_gain else min(self._pause_len, cap)
+        if self.max_rate() < self.min_gain:
+            # the whole cap at once, then doubling with each failed probe (exponential backoff:
+            # a long run pays O(log n) probes), up to 64x max_pause
+            self._pause_len = min(max(cap, self._pause_len), 64 * self.max_pause)
+        else:
+            floor = self.drafting_floor() if failed else 0
+            self._pause_len = min(max(self._pause_len, floor), cap)
         self._pause_left = self._pause_len
         self._probing = True
         self._recent.clear()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Callable
+from typing import Callable, Sequence
 
-__all__ = ["CostModel", "RECALIBRATE_STEPS"]
+__all__ = ["CostModel", "RECALIBRATE_STEPS", "marginal_charges"]
 
 #: a plain step is timed again after this many timed batches without one (the cost of t(1) drifts
 #: with the machine's load; one step in 200 is < 0.5% of drafting)
@@ -107,6 +107,11 @@ class CostModel:
         self._st = self._st * g + seconds
         self._snt = self._snt * g + n_tokens * seconds
 
+    def batch_curve(self, n_max: int) -> Callable[[int], float]:
+        """t(n) / t(1) for n = 1..n_max as a function (marginal_charges' curve)."""
+        ratios = self.verify_ratios(max(0, n_max - 1))
+        return lambda n: ratios[min(max(n, 1), len(ratios)) - 1]
+
     def observe_draft(self, n_tokens: int, seconds: float) -> None:
         """Drafting `n_tokens` tokens took `seconds`."""
         if seconds < 0.0:
@@ -196,3 +201,34 @@ class CostModel:
         if not t1 or self._draft_n <= 0.0:
             return self.draft_ratio_prior
         return (self._draft_s / self._draft_n) / t1
+
+
+def marginal_charges(rows: Sequence[int], other_rows: int, seconds: float,
+                     curve: Callable[[int], float]) -> list[float]:
+    """Each sequence's charge for one shared batch that took `seconds`: `rows[i]` = 1 + the draft
+    tokens of sequence i, `other_rows` tokens of no sequence's step (prompt chunks), `curve(n)`
+    the time of an n-token batch in any unit (CostModel.batch_curve).
+
+    A row of the batch without drafts (T0 = one row per sequence + other_rows) costs t(T0) / T0;
+    sequence i is charged that plus the marginal cost of its k_i extra rows, t(T) - t(T - k_i),
+    all scaled by seconds / t(T) (what the curve predicts against what was measured). Charging
+    each its rows' share instead, (k + 1) / T of the step, prices drafting at (k + 1) plain steps
+    however flat the curve: drafting looks dearer the more sequences share the batch, and stops.
+    One sequence alone is charged the whole step.
+
+        >>> flat = lambda n: 1.0 + 0.01 * n           # a GPU-like curve: t(12) = 1.12, t(4) = 1.04
+        >>> c = marginal_charges([9, 1, 1, 1], 0, 1.12, flat)   # one of 4 sequences drafts 8
+        >>> [round(x, 2) for x in c]                  # 1.04 / 4 + (1.12 - 1.04), and 1.04 / 4
+        [0.34, 0.26, 0.26, 0.26]
+        >>> round(c[0] / c[1], 2)                     # drafting 8: 1.31 plain steps (rows' share: 9)
+        1.31
+        >>> marginal_charges([5], 0, 0.03, flat)      # alone: the whole step
+        [0.03]
+    """
+    total = sum(rows) + other_rows
+    if not rows or total <= 0:
+        return []
+    t_all = curve(total)
+    base = curve(len(rows) + other_rows) / (len(rows) + other_rows)
+    scale = seconds / t_all if t_all > 0 else 0.0
+    return [scale * (base + t_all - curve(total - (r - 1))) for r in rows]

@@ -26,6 +26,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from llamaspec.speculative.controller import CostModel, DraftLengthController
+from llamaspec.speculative.costs import marginal_charges
 from llamaspec.speculative.match_controller import MatchController
 from llamaspec.speculative.sequence import (  # noqa: F401  (GenerationConfig & co. are the engine's API too)
     _NO_DRAFT,
@@ -75,6 +76,8 @@ class SpecEngine:
         # Tokens each sequence id holds in the target's KV cache: a new prompt reuses the common
         # prefix (a shared system prompt) instead of evaluating it again.
         self._cached: dict[int, list[int]] = {}
+        # Times of whole multi-sequence batches: the curve that prices each sequence's draft rows.
+        self._batch_cost = CostModel()
 
     def generate(self, prompt_tokens: Sequence[int], config: GenerationConfig,
                  on_text: TextCallback | None = None, seq_id: int = 0,
@@ -171,12 +174,19 @@ class SpecEngine:
         verify_s = time.perf_counter() - tb
         for (s, n), first in zip(prefill, firsts[len(segments):]):
             s.prefilled(n, rows[first] if n == s.prompt_left else None)
-        # One batch for all: each sequence is charged its rows' share of it, in its stats and in
-        # what its controller's cost model learns (the whole time, once per sequence, counted it
-        # N times over and made a one-token step look N times dearer).
-        total = sum(len(t) for t, _, _ in segments) + n_prompt
-        for s, first, (toks, _, _) in zip(seqs, firsts, segments):
-            s.settle(rows[first:first + len(toks)], verify_s * len(toks) / total)
+        # One batch for all: each sequence is charged a plain row's part of it plus the marginal
+        # cost of its draft rows (marginal_charges), in its stats and in what its controller's
+        # cost model learns. The whole time once per sequence made a one-token step look N times
+        # dearer; the rows' share priced k draft tokens at k + 1 plain steps, on any curve.
+        lengths = [len(t) for t, _, _ in segments]
+        total = sum(lengths) + n_prompt
+        if len(seqs) > 1 or chunks:
+            self._batch_cost.observe_verify(total, verify_s)
+            charges = marginal_charges(lengths, n_prompt, verify_s, self._batch_cost.batch_curve(total))
+        else:
+            charges = [verify_s]
+        for s, first, n, charge in zip(seqs, firsts, lengths, charges):
+            s.settle(rows[first:first + n], charge)
 
     # -- helpers shared by the sequences -----------------------------------------------------------
     def _controllers(self, config: GenerationConfig, reproducible: bool) -> dict[str, DraftLengthController]:
@@ -195,11 +205,15 @@ class SpecEngine:
         fixed = reproducible and any(d.samples for d in members)
         n_min, n_max = max(1, config.draft_min), config.draft_max
 
-        def make(c: CostModel | None, prior_alpha: float = 0.6) -> DraftLengthController:
-            return DraftLengthController(n_min=n_min, n_max=n_max, cost=c, prior_alpha=prior_alpha)
-
         ctls = {}
         for d in members:
+            # a draft model re-reads the text it skipped while paused: part of a probe's price
+            resume = getattr(d, "resume_tokens", 0)
+
+            def make(c: CostModel | None, prior_alpha: float = 0.6, resume: int = resume) -> DraftLengthController:
+                return DraftLengthController(n_min=n_min, n_max=n_max, cost=c, prior_alpha=prior_alpha,
+                                             resume_tokens=resume)
+
             cost = CostModel(draft_ratio_prior=d.measured_cost)
             if fixed:
                 slope = CostModel().default_slope

@@ -109,6 +109,7 @@ class SequenceRun:
         self._draft = _NO_DRAFT
         self._state = None
         self._draft_s = self._verify_s = 0.0
+        self._timed: set[str] = set()   # drafters whose drafting time the controllers have learnt
         self._t_gen = 0.0
         self._clock0 = 0.0
         self._t0 = 0.0
@@ -222,7 +223,12 @@ class SequenceRun:
         before = len(self.out.tokens)
         self.done = self.out.emit(new, n_acc, draft.source)
         self.stats.record_step(len(d), n_acc, len(self.out.tokens) - before, draft.source)
-        _observe(self.ctls, draft, n_acc, verify_seconds=verify_s, draft_seconds=self._draft_s)
+        # A drafter's first draft of a sequence also evaluates what it deferred (a draft model's
+        # prompt): timed as drafting, it would price every later draft token at many.
+        first = bool(d) and draft.source not in self._timed
+        self._timed.add(draft.source)
+        _observe(self.ctls, draft, n_acc, verify_seconds=verify_s,
+                 draft_seconds=None if first else self._draft_s)
         if eng.drafter is not None:
             eng.drafter.accepted(self.seq_id, n_acc, new, is_other=not d)
         if not self.done and self.n_past + 1 > ctx.n_ctx_seq:
@@ -333,7 +339,7 @@ def random_streams(seed: int | None) -> tuple[np.random.Generator, np.random.Gen
 
 
 def _observe(ctls: dict[str, DraftLengthController], draft: Draft, n_acc: int, *,
-             verify_seconds: float, draft_seconds: float) -> None:
+             verify_seconds: float, draft_seconds: float | None) -> None:
     """Feed a step to the controllers: the author of the draft learns its acceptance, the others
     only the target's step cost; after a plain step every controller sees it as one."""
     if not ctls:

@@ -78,6 +78,8 @@ def _chunks(lengths: list[int], limit: int) -> list[tuple[int, int]]:
 
 class ModelDrafter(Drafter):
     name = "draft-simple"
+    #: tokens evaluated to draft again after a pause (`_catch_up`): the controller prices probes with them
+    resume_tokens = SYNC_WINDOW
 
     def __init__(self, ctx: Context, *, p_min: float = 0.0,
                  distribution: Callable[[np.ndarray, Sequence[int]], np.ndarray] | None = None,
@@ -97,6 +99,7 @@ class ModelDrafter(Drafter):
         self._cached: dict[int, list[int]] = {}   # tokens in the draft KV cache, per sequence
         self._synced: dict[int, int] = {}         # history length known equal to _cached
         self._shift: dict[int, int] = {}          # tokens skipped by catch-up splices (_sync)
+        self._prompt_end: dict[int, int] = {}     # history the first catch-up evaluates in full
         # Recurrent/hybrid draft models cannot drop a tail of their memory (seq_rm fails): keep
         # one checkpoint per sequence, (n tokens, state) taken when the draft memory held
         # exactly history[:n], and roll back to it instead.
@@ -104,12 +107,13 @@ class ModelDrafter(Drafter):
 
     def begin(self, seq_id: int, prompt_tokens: Sequence[int],
               rng: np.random.Generator | None = None) -> None:
-        """Evaluate the prompt in the draft now: it is prompt processing, timed as such. What the
-        draft's KV still holds from the sequence's previous prompt (`end` keeps it) is reused up
-        to the first token that differs: a chat's next turn, a request that comes back to its
-        server slot, evaluate only their new tokens, as the target does."""
+        """Start a sequence. Its prompt is evaluated in the draft at the first draft (`_catch_up`),
+        not now: a draft the controller never asks for (one that cannot pay, paused from the
+        start) then costs nothing, where evaluating the prompt here cost a story run ~5 % of its
+        wall time. What the draft's KV still holds from the sequence's previous prompt (`end`
+        keeps it) is reused up to the first token that differs: a chat's next turn, a request
+        that comes back to its server slot, evaluate only their new tokens, as the target does."""
         self._rng[seq_id] = rng if rng is not None else np.random.default_rng()
-        self._synced[seq_id] = 0
         self._checkpoint.pop(seq_id, None)
         prompt = list(prompt_tokens)
         keep = common_prefix(self._cached.get(seq_id, []), prompt, limit=max(0, len(prompt) - 1))
@@ -117,12 +121,9 @@ class ModelDrafter(Drafter):
             keep = 0   # nothing shared, or a memory that cannot be cut: start over
             self.ctx.seq_rm(seq_id, 0, -1)
         self._cached[seq_id] = prompt[:keep]
+        self._synced[seq_id] = keep
         self._shift[seq_id] = 0
-        if len(prompt) - 1 > keep:
-            self.ctx.decode(prompt[keep:-1], keep, seq_id, outputs=0)
-        if len(prompt) > 1:
-            self._cached[seq_id] = prompt[:-1]
-            self._synced[seq_id] = len(prompt) - 1
+        self._prompt_end[seq_id] = len(prompt)
 
     def _sync(self, seq_id: int, history: Sequence[int]) -> int:
         """Bring the draft KV to history[:-1] and decode history[-1]; returns output rows (1)."""
@@ -142,19 +143,24 @@ class ModelDrafter(Drafter):
             if not self.ctx.seq_rm(seq_id, p - shift, -1):
                 p = self._roll_back(seq_id, p)
             del cached[p:]
-        skip = len(history) - p - SYNC_WINDOW
+        # the prompt (its last token aside: never ahead of p, which keeps one token to decode)
+        keep = min(len(history) - 1, max(p, self._prompt_end.pop(seq_id, 0)))
+        skip = len(history) - keep - SYNC_WINDOW
         if skip > 0 and not self.ctx.model.needs_checkpoints:
             # Back from a long pause: catching up on every token would cost a batch as long as
             # the pause (on a CPU, roughly one step per 4 tokens), more than the drafts it buys.
-            # Only the last SYNC_WINDOW tokens are evaluated, spliced right after what the draft's
-            # KV holds (llama.cpp wants consecutive positions): the draft sees the prompt and the
-            # recent text. Drafts are only proposals, so the output is unchanged.
+            # Only the prompt (at the first draft) and the last SYNC_WINDOW tokens are evaluated,
+            # spliced right after what the draft's KV holds (llama.cpp wants consecutive
+            # positions): the draft sees the prompt and the recent text. Drafts are only
+            # proposals, so the output is unchanged.
+            todo = list(history[p:keep]) + list(history[keep + skip:])
+            cached.extend(history[p:keep])
             cached.extend([GAP] * skip)
-            p += skip
-            shift += skip
-            self._shift[seq_id] = shift
-        todo = list(history[p:])
-        cached.extend(todo)
+            cached.extend(history[keep + skip:])
+            self._shift[seq_id] = shift + skip
+        else:
+            todo = list(history[p:])
+            cached.extend(todo)
         self._synced[seq_id] = len(history)
         return todo, p - shift
 
@@ -221,7 +227,12 @@ class ModelDrafter(Drafter):
         for i, (seq_id, history, n_max) in enumerate(requests):
             n_max = self._room(history, n_max)
             if n_max > 0:
-                segments.append(self._catch_up(seq_id, history) + (seq_id,))
+                toks, pos = self._catch_up(seq_id, history)
+                if len(toks) > SYNC_WINDOW:  # a prompt, at the first draft: evaluated alone,
+                    head = len(toks) - 1     # only its last token shares the batch
+                    self.ctx.decode(toks[:head], pos, seq_id, outputs=0)
+                    toks, pos = toks[head:], pos + head
+                segments.append((toks, pos, seq_id))
                 live.append((i, self._start(seq_id, history, n_max)))
         while live:
             going = []
@@ -261,6 +272,7 @@ class ModelDrafter(Drafter):
         self._rng.pop(seq_id, None)
         self._synced.pop(seq_id, None)
         self._shift.pop(seq_id, None)
+        self._prompt_end.pop(seq_id, None)
         self._checkpoint.pop(seq_id, None)
 
     def close(self) -> None:
