@@ -1,28 +1,36 @@
-"""How llama.cpp's OpenMP threads wait at a barrier: a bounded spin, chosen without sampling the load.
+"""How llama.cpp's OpenMP threads wait at a barrier: a bounded spin, or passive under a sustained load.
 
 llama.cpp's CPU backend runs its threads under OpenMP; ggml_barrier is `#pragma omp barrier`. A
 thread that arrives first spins, then (past a spin count) sleeps on a futex. The two fixed ends
 both lose badly somewhere (SmolLM2 F16, -t 2, 2 cores, native llama-bench, MEASURED.md):
 spinning (libgomp's default, ~300000 spins, ~3 ms) runs 96 tok/s alone but 6 tok/s beside 4 busy
-processes, a spinning thread burning whole scheduler slices while its peer waits for a core;
+processes, a spinning thread burning scheduler slices while its peer waits for a core;
 OMP_WAIT_POLICY=PASSIVE keeps 30 tok/s there but halves the quiet speed (42 tok/s: every barrier
 pays a futex wake-up). The pre-issue-25 rule picked between them from ~40 ms of /proc/stat before
 llama.cpp loaded, so a busy loop that ran for 3 s at start made a whole run passive (41 vs 91
-tok/s): a moment decided hours. A bounded spin (libgomp's GOMP_SPINCOUNT) is near the spinning
-speed alone and near PASSIVE's under oversubscription, in every regime, with no detection at all;
-scripts/bench_threads.py measures the candidates in three regimes (quiet, a transient competitor
-at start, sustained oversubscription) and SPINCOUNT is its minimax pick (docs/machines.md).
+tok/s): a moment decided hours.
 
-Which OpenMP: read from llama_cpp's shared libraries (their DT_NEEDED) before they load; libgomp
-reads its variables once, when it loads. GOMP_SPINCOUNT is libgomp's alone; for LLVM/Intel
-libomp (KMP_BLOCKTIME) or an unknown runtime nothing is measured yet, so the old sampled rule
-stays there (PASSIVE when other threads want the cores now). A build without OpenMP (ggml's own
-threadpool) reads none of these. The user's OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME
-always wins.
+Now, on libgomp: a bounded spin (GOMP_SPINCOUNT=SPINCOUNT) by default, near the spinning speed
+alone and far from spinning's collapse beside other work; PASSIVE only when the CPUs have been
+oversubscribed for a while, not a moment: Linux's CPU pressure (/proc/pressure/cpu, the share of
+time some runnable task waited for a CPU) over both 10 s and 60 s; without it, the load average
+and the threads runnable now must both exceed what the cores hold. Under heavy oversubscription
+a thread that sleeps at once is also scheduled sooner (it used little CPU), so PASSIVE beats any
+spin there. scripts/bench_threads.py measures the candidates in the regimes (quiet, a transient
+competitor at start, sustained oversubscription) and reports the minimax choice (docs/machines.md).
+libgomp reads its variables once, when it loads: this runs before llama_cpp is imported.
 
-    >>> choose(2, runtime="libgomp", env={}).env
+Which OpenMP: read from llama_cpp's shared libraries (their DT_NEEDED) before they load.
+GOMP_SPINCOUNT is libgomp's alone; for LLVM/Intel libomp (KMP_BLOCKTIME) or an unknown runtime
+nothing is measured yet, so the old sampled rule stays there (PASSIVE when other threads want the
+cores now). A build without OpenMP (ggml's own threadpool) reads none of these. The user's
+OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME always wins.
+
+    >>> choose(2, runtime="libgomp", pressure=(3.0, 10.0), env={}).env
     {'GOMP_SPINCOUNT': '1000'}
-    >>> choose(2, runtime="libgomp", env={"OMP_WAIT_POLICY": "PASSIVE"}).env
+    >>> choose(2, runtime="libgomp", pressure=(90.0, 70.0), env={}).env
+    {'OMP_WAIT_POLICY': 'PASSIVE'}
+    >>> choose(2, runtime="libgomp", pressure=(90.0, 70.0), env={"OMP_WAIT_POLICY": "ACTIVE"}).env
     {}
     >>> choose(2, runtime=None, load=11.0, cores=2, env={}).env
     {'OMP_WAIT_POLICY': 'PASSIVE'}
@@ -39,7 +47,10 @@ from pathlib import Path
 from typing import Mapping
 
 VAR = "OMP_WAIT_POLICY"
-SPINCOUNT = 1000   # bench_threads.py's minimax pick on a 2-core EPYC (docs/machines.md)
+SPINCOUNT = 1000   # GOMP_SPINCOUNT when not oversubscribed for a while (docs/machines.md)
+# CPU pressure ("some", percent of time) over 10 s and over 60 s at or above which the CPUs count as
+# oversubscribed for a while: ~17 s of full contention reaches both, a 3 s burst neither
+PRESSURE_10S, PRESSURE_60S = 50.0, 25.0
 USER_VARS = (VAR, "GOMP_SPINCOUNT", "KMP_BLOCKTIME")   # any of these set: the user chose
 LINE_PREFIX = "thread waiting:"   # how `run -v` starts the line (bench_threads.py reads it)
 DETECT = "detect"
@@ -177,6 +188,34 @@ def others_running(samples: int = 5, interval: float = 0.01) -> float | None:
     return max(0.0, sum(counts) / len(counts)) if counts else None
 
 
+def cpu_pressure() -> tuple[float, float] | None:
+    """Linux PSI: the share of time (percent) some runnable task waited for a CPU, averaged over
+    10 s and 60 s (/proc/pressure/cpu "some"). None where the kernel does not provide it."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            for line in f:
+                if line.startswith("some "):
+                    fields = dict(kv.split("=", 1) for kv in line.split()[1:])
+                    return float(fields["avg10"]), float(fields["avg60"])
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
+
+
+def oversubscribed(threads: int | None, cores: int, pressure: tuple[float, float] | None,
+                   load: float | None = None, loadavg: float | None = None) -> tuple[bool, str]:
+    """Have the CPUs been oversubscribed for a while (not a moment)? And the evidence, for the line.
+    Without CPU pressure: the 1-minute load average must exceed the cores plus our own threads
+    (our previous run counts in it) and the threads of others runnable now must fill the cores."""
+    if pressure is not None:
+        p10, p60 = pressure
+        return p10 >= PRESSURE_10S and p60 >= PRESSURE_60S, f"CPU pressure {p10:.0f}% over 10 s, {p60:.0f}% over 60 s"
+    if load is None or loadavg is None:
+        return False, "no CPU pressure or load measure here"
+    busy = loadavg >= cores + (threads or cores) and load >= cores
+    return busy, f"load average {loadavg:.1f}, other threads running {load:.1f}, on {cores} cores"
+
+
 def _sampled(threads: int | None, load: float | None, cores: int | None, runtime: str | None) -> WaitPolicy:
     """The pre-issue-25 rule: PASSIVE when other threads that want a CPU now and ours exceed the cores."""
     what, which = "other threads running", runtime or "OpenMP runtime not found"
@@ -194,24 +233,34 @@ def _sampled(threads: int | None, load: float | None, cores: int | None, runtime
                                         f"{which}: no bounded spin measured); set {VAR} to choose")
 
 
-def choose(threads: int | None, *, runtime: str | None = DETECT, load: float | None = None,
-           cores: int | None = None, env: Mapping[str, str] | None = None) -> WaitPolicy:
-    """The variables to set before llama.cpp loads, and why. `runtime`: openmp_runtime()'s answer
-    (detected by default); `load`, `cores`: only for a runtime without a measured bounded spin."""
+def choose(threads: int | None, *, runtime: str | None = DETECT, pressure: tuple[float, float] | None | str = DETECT,
+           load: float | None = None, cores: int | None = None, env: Mapping[str, str] | None = None) -> WaitPolicy:
+    """The variables to set before llama.cpp loads, and why. `runtime`: openmp_runtime()'s answer;
+    `pressure`: cpu_pressure()'s (both detected by default); `load`: other threads runnable now
+    (measured when needed); `cores`: os.cpu_count()."""
     env = os.environ if env is None else env
     mine = [v for v in USER_VARS if env.get(v)]
     if mine:
         return WaitPolicy({}, ", ".join(f"{v}={env[v]}" for v in mine) + " (set by you)")
     if runtime == DETECT:
         runtime = openmp_runtime()
-    if runtime == "libgomp":
-        return WaitPolicy({"GOMP_SPINCOUNT": str(SPINCOUNT)},
-                          f"GOMP_SPINCOUNT={SPINCOUNT} (libgomp): threads spin briefly at a barrier, then sleep, "
-                          f"so neither a quiet nor a busy machine halves the speed; set {VAR} or GOMP_SPINCOUNT "
-                          f"to choose")
     if runtime == "none":
         return WaitPolicy({}, "llama.cpp is built without OpenMP (ggml's own threadpool): nothing to set")
-    return _sampled(threads, load, cores, runtime)
+    if runtime != "libgomp":
+        return _sampled(threads, load, cores, runtime)
+    cores = cores or os.cpu_count() or 1
+    if pressure == DETECT:
+        pressure = cpu_pressure()
+    if pressure is None and load is None:
+        load = others_running()
+    loadavg = os.getloadavg()[0] if pressure is None and hasattr(os, "getloadavg") else None
+    busy, evidence = oversubscribed(threads, cores, pressure, load, loadavg)
+    if busy:
+        return WaitPolicy({VAR: "PASSIVE"}, f"{VAR}=PASSIVE (libgomp; {evidence}): other work has held the CPUs "
+                                            f"for a while, so threads sleep at a barrier at once; set {VAR} to choose")
+    return WaitPolicy({"GOMP_SPINCOUNT": str(SPINCOUNT)},
+                      f"GOMP_SPINCOUNT={SPINCOUNT} (libgomp; {evidence}): threads spin briefly at a barrier, then "
+                      f"sleep; set {VAR} or GOMP_SPINCOUNT to choose")
 
 
 _chosen: WaitPolicy | None = None
