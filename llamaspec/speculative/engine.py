@@ -181,7 +181,8 @@ class SpecEngine:
         lengths = [len(t) for t, _, _ in segments]
         total = sum(lengths) + n_prompt
         if len(seqs) > 1 or chunks:
-            self._batch_cost.observe_verify(total, verify_s)
+            if not chunks:   # a prompt chunk's rows have no logits: cheaper than verify rows
+                self._batch_cost.observe_verify(total, verify_s)
             charges = marginal_charges(lengths, n_prompt, verify_s, self._batch_cost.batch_curve(total))
         else:
             charges = [verify_s]
