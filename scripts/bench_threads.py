@@ -185,8 +185,12 @@ def render(summary: dict, regimes: list[str], names: list[str]) -> str:
         lines.append("best fixed: " + ", ".join(f"{g} {b}" for g, b in summary["best_fixed"].items()))
         lines.append(f"minimax (largest worst ratio): {summary['minimax']}; among fixed: {summary['minimax_fixed']}")
     if summary["spin_then_passive_worst_ratio"]:
+        hybrid = summary["spin_then_passive_worst_ratio"]
         lines.append("worst ratio of <candidate>, PASSIVE under 'sustained' (from the table): " + ", ".join(
-            f"{c} {v:.2f}" for c, v in summary["spin_then_passive_worst_ratio"].items()))
+            f"{c} {v:.2f}" for c, v in hybrid.items()))
+        best = max(hybrid, key=hybrid.get)
+        lines.append(f"the spin count for that: {summary['candidates'][best]} ({hybrid[best]:.2f}); "
+                     f"llamaspec's SPINCOUNT (runtime/wait_policy.py) is {wait_policy.SPINCOUNT}")
     return "\n".join(lines)
 
 
@@ -228,12 +232,12 @@ def main() -> None:
     for rep in range(args.reps):
         for regime in regimes:
             runs += run_block(args, model, regime, names, table, rep)
-    summary = summarize(runs, regimes, names)
+    summary = {**summarize(runs, regimes, names), "candidates": {c: table[c] for c in names}}
     info = {"model": model, "threads": args.threads, "reps": args.reps, "n": args.n,
             "sustained_n": args.sustained_n, "openmp_runtime": runtime, "cpus": os.cpu_count(),
             "machine": platform.machine(), "spincount": wait_policy.SPINCOUNT,
             "pressure_thresholds": [wait_policy.PRESSURE_10S, wait_policy.PRESSURE_60S],
-            "candidates": {c: table[c] for c in names}, "runs": runs, **summary}
+            "runs": runs, **summary}
     if args.json:
         print(json.dumps(info, indent=1))
     else:
