@@ -209,7 +209,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=30.0, help="seconds the sustained loops run before the runs")
     ap.add_argument("--cooldown", type=float, default=30.0, help="seconds of rest after a sustained regime")
     ap.add_argument("--llamaspec", default=str(Path(sys.executable).with_name("llamaspec")))
-    ap.add_argument("--json", action="store_true", help="print the runs and the summary as JSON")
+    ap.add_argument("--json", action="store_true", help="print the runs and the summary as JSON (the table: stderr)")
     args = ap.parse_args()
 
     model = args.model
@@ -238,10 +238,9 @@ def main() -> None:
             "machine": platform.machine(), "spincount": wait_policy.SPINCOUNT,
             "pressure_thresholds": [wait_policy.PRESSURE_10S, wait_policy.PRESSURE_60S],
             "runs": runs, **summary}
-    if args.json:
+    if args.json:   # the table still goes to stderr, after the progress lines
         print(json.dumps(info, indent=1))
-    else:
-        print(render(summary, regimes, names))
+    print(render(summary, regimes, names), file=sys.stderr if args.json else sys.stdout)
 
 
 if __name__ == "__main__":
