@@ -148,14 +148,14 @@ def run_load(port: int, prompts: list[tuple[str, str]], clients: int, requests: 
             "ok": len(ok), "total": len(rs), "stop": sum(r["finish"] == "stop" for r in ok),
             "drafted": drafted, "accepted": accepted,
             "errors": sorted({f"{r['status']}: {r.get('error', '')[:120]}" for r in rs if r["status"] != 200}),
-            "texts": [r["text"] for r in rs]}
+            "texts": [r["text"] for r in rs], "latencies": [round(r["latency"], 2) for r in rs]}
 
 
 class Server:
     """A server subprocess on a free port, its output in a log file; a context manager that stops it."""
 
-    def __init__(self, label: str, cmd: list[str], logdir: Path):
-        self.label, self.cmd, self.port = label, cmd, free_port()
+    def __init__(self, label: str, cmd: list[str], logdir: Path, source: Path | None = None):
+        self.label, self.cmd, self.port, self.source = label, cmd, free_port(), source   # source: llamaspec's checkout
         self.cmd = cmd + ["--port", str(self.port)]
         self.log = logdir / (re.sub(r"[^A-Za-z0-9]+", "_", label) + f"_{self.port}.log")
         self.proc: subprocess.Popen | None = None
@@ -163,7 +163,9 @@ class Server:
     def __enter__(self) -> "Server":
         print(f"[{self.label}] {shlex.join(self.cmd)}", file=sys.stderr)
         with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            env = None if self.source is None else {**os.environ, "PYTHONPATH": str(self.source)}
+            self.proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, cwd=self.source)
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -305,7 +307,8 @@ def summarize(runs: list[dict]) -> dict:
     return {**med, "tok_s_reps": [r["tok_s"] for r in runs], "ok": min(r["ok"] for r in runs),
             "total": runs[0]["total"], "stop": runs[0]["stop"], "drafted": runs[0]["drafted"],
             "accepted": runs[0]["accepted"], "load1": [r["loadavg_before"][0] for r in runs],
-            "errors": sorted({e for r in runs for e in r["errors"]}), "texts": runs[0]["texts"]}
+            "errors": sorted({e for r in runs for e in r["errors"]}), "texts": runs[0]["texts"],
+            "latencies_reps": [r["latencies"] for r in runs]}
 
 
 def main() -> int:
@@ -328,6 +331,8 @@ def main() -> int:
                     help="-c given to both servers: the context shared by the slots (default 8192)")
     ap.add_argument("--reps", type=int, default=1, help="repetitions; sides interleaved, order rotating; medians")
     ap.add_argument("--only", choices=["llamaspec", "llama-server"], help="measure one server only")
+    ap.add_argument("--compare-to", type=Path, metavar="CHECKOUT",
+                    help="also measure llamaspec from another checkout (e.g. `git worktree add /tmp/base HEAD~1`)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
     make_prompts, clients, requests, n, pick = LOADS[args.load]
@@ -350,10 +355,10 @@ def main() -> int:
     ls = [sys.executable, "-m", "llamaspec", "serve", model, "--parallel", np_, "-c", c, "-t", t, "--temp", "0"]
     sides: list[tuple[str, str, list[str], str]] = []   # server, mode, command, setting
     if args.only != "llama-server":
-        sides += [("llamaspec", "plain", ls + ["--spec-type", "none"], "--spec-type none"),
-                  ("llamaspec", "spec", ls, "default")]
-        if args.draft:
-            sides.append(("llamaspec", "draft", ls + ["--draft", str(args.draft)], "--draft DRAFT"))
+        for who in ["llamaspec"] + (["llamaspec@" + str(args.compare_to)] if args.compare_to else []):
+            sides += [(who, "plain", ls + ["--spec-type", "none"], "--spec-type none"), (who, "spec", ls, "default")]
+            if args.draft:
+                sides.append((who, "draft", ls + ["--draft", str(args.draft)], "--draft DRAFT"))
     if native is not None:
         base = [str(native), "-m", model, "-np", np_, "-c", c, "-t", t, "--temp", "0", "--no-webui", "-ngl", "0",
                 *shlex.split(args.native_args)]
@@ -382,12 +387,13 @@ def main() -> int:
                 if i in failed:
                     continue
                 try:
-                    r = measure(Server(f"{server} {mode}", cmd, Path(tmp)), prompts, **load)
+                    source = args.compare_to if server.startswith("llamaspec@") else None
+                    r = measure(Server(f"{server} {mode}", cmd, Path(tmp), source), prompts, **load)
                 except BenchError as e:   # e.g. a spec type this build refuses for this model
                     print(f"  {server} {mode}: failed: {e}", file=sys.stderr)
                     failed[i] = str(e)
                     continue
-                if server == "llamaspec" and (m := re.search(r"\(context [^)]*spec ([^,)]+)", r["log"])):
+                if server.startswith("llamaspec") and (m := re.search(r"\(context [^)]*spec ([^,)]+)", r["log"])):
                     out.setdefault("llamaspec_startup", re.search(r"serving .*", r["log"])[0])
                     sides[i] = (server, mode, cmd, m.group(1) if mode == "spec" else setting)
                 r.pop("log")
@@ -413,6 +419,14 @@ def main() -> int:
                 ratios[f"llamaspec {mode} / {name}"] = {
                     "tok_s": round(ours["tok_s"] / ref["tok_s"], 3), "p50": round(ours["p50_s"] / ref["p50_s"], 3),
                     "p95": round(ours["p95_s"] / ref["p95_s"], 3)}
+    base = "llamaspec@" + str(args.compare_to) if args.compare_to else None
+    for mode in ("plain", "spec", "draft"):
+        ours, old = rows.get(("llamaspec", mode)), rows.get((base, mode))
+        if ours and old:
+            ratios[f"llamaspec {mode} / {base} {mode}"] = {
+                "tok_s": round(ours["tok_s"] / old["tok_s"], 3), "p50": round(ours["p50_s"] / old["p50_s"], 3),
+                "p95": round(ours["p95_s"] / old["p95_s"], 3)}
+            checks[f"{base} {mode} vs llamaspec {mode}"] = compare(old["texts"], ours["texts"])
     if ref_plain and ref_spec:
         ratios["llama-server best spec / llama-server plain"] = {"tok_s": round(ref_spec["tok_s"] / ref_plain["tok_s"], 3)}
     for server in ("llamaspec", "llama-server"):

@@ -11,7 +11,8 @@ pay `a` many times over (there: chunks of 16 tokens evaluated 2,000 tokens in 20
 OVERHEAD of the chunk's own cost, the prompt waits about that much longer than in one piece, and
 a running stream pauses about a * (1 + 1 / OVERHEAD) per step (5 a), and never for much more than
 PAUSE_CAP: where a step's fixed part is large (a loaded machine) the stream's pace comes first.
-With no sequence generating nobody waits: the chunk is the whole batch.
+With no sequence generating nobody waits: the chunk is the whole batch; with none streaming
+nobody sees a pause: the chunk is all the room the batch has left.
 
     >>> b = PrefillBudget(n_batch=512)
     >>> b.tokens(generating=0, reserved=0), b.tokens(generating=1, reserved=17)
@@ -28,6 +29,8 @@ With no sequence generating nobody waits: the chunk is the whole batch.
     136
     >>> b.tokens(generating=4, reserved=508)     # drafts give way to a minimum chunk
     16
+    >>> b.tokens(generating=1, reserved=17, streaming=False)   # no stream to keep fluid: all the room
+    495
 """
 
 from __future__ import annotations
@@ -47,12 +50,17 @@ class PrefillBudget:
         self._last = 0
         self._fit: tuple[float, float] | None = None   # the last line that could be fitted
 
-    def tokens(self, generating: int, reserved: int) -> int:
+    def tokens(self, generating: int, reserved: int, streaming: bool = True) -> int:
         """Prompt tokens for the next step, beside `generating` sequences whose last token and
-        drafts may use `reserved` rows of the batch (each keeps one row at least)."""
+        drafts may use `reserved` rows of the batch (each keeps one row at least). streaming:
+        one of them streams its text; if none does, a pause is seen by nobody (a client waiting
+        for a whole answer sees its latency, which small chunks lengthen by their fixed parts):
+        the prompt takes all the room, as llama-server's does."""
         if not generating:
             return self.n_batch
         room = max(self.n_batch - reserved, min(MIN_CHUNK, self.n_batch - generating))
+        if not streaming:
+            return room
         fit = self._fit = self.fit() or self._fit
         if fit is None:   # nothing measured yet, or one chunk size only: no line through it
             n = 2 * self._last if self._last else FIRST_CHUNK

@@ -357,7 +357,8 @@ class Scheduler:
         plan = []
         if self.prefill is not None:
             reserved = sum(1 + s.config.draft_max for s in generating)
-            room = self.prefill.tokens(len(generating), reserved)
+            streaming = any(job.stream and not s.prefilling for job, s in self._active.values())
+            room = self.prefill.tokens(len(generating), reserved, streaming)
             for s in seqs:
                 if s.prefilling and room > 0:
                     n = min(room, s.prompt_left)
