@@ -155,17 +155,15 @@ def _request_ok(port: int) -> None:
         raise BenchError(f"warm-up request failed: {r}")
 
 
-def wait_policy(choice: str) -> str | None:
-    """The OMP_WAIT_POLICY both servers get: as given, or what llamaspec would choose now."""
+def wait_policy(choice: str) -> dict[str, str]:
+    """The OpenMP variables both servers get: as given, or what llamaspec would choose now (its
+    bounded spin or PASSIVE, runtime/wait_policy.py), so llama-server waits as llamaspec does."""
     if choice != "auto":
-        return choice.upper()
-    if os.environ.get("OMP_WAIT_POLICY"):
-        return os.environ["OMP_WAIT_POLICY"]
-    from llamaspec.runtime.wait_policy import choose, others_running
+        return {"OMP_WAIT_POLICY": choice.upper()}
+    from llamaspec.runtime.wait_policy import USER_VARS, choose
 
-    busy = others_running()
-    return choose(threads=2, load=busy if busy is not None else os.getloadavg()[0], cores=os.cpu_count() or 1,
-                  env={}).value
+    mine = {v: os.environ[v] for v in USER_VARS if os.environ.get(v)}
+    return mine or dict(choose(threads=2).env)
 
 
 def main() -> int:
@@ -194,9 +192,9 @@ def main() -> int:
         native = args.native_bin / "llama-server"
         if not native.exists():
             raise BenchError(f"--native-bin: no llama-server in {args.native_bin}")
-    policy = wait_policy(args.wait_policy)
-    env_policy = {"OMP_WAIT_POLICY": policy} if policy else {}
+    env_policy = wait_policy(args.wait_policy)
     os.environ.update(env_policy)   # the servers inherit it
+    policy = " ".join(f"{k}={v}" for k, v in env_policy.items())
     model, t, np_ = str(args.model), str(args.threads), args.parallel
     ours = [sys.executable, "-m", "llamaspec", "serve", model, "--parallel", str(np_), "-t", t,
             "-c", str(args.ctx_size), "--temp", "0"] + ([] if args.spec else ["--spec-type", "none"])
@@ -211,7 +209,7 @@ def main() -> int:
            "amx": cpu_has_amx(), "uptime_start": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
            "commands": {"llamaspec": shlex.join(ours), "llama-server": shlex.join(theirs) if theirs else None},
            "runs": []}
-    print(f"OMP_WAIT_POLICY={policy or '(unset)'}; {out['uptime_start']}", file=sys.stderr)
+    print(f"OpenMP: {policy or '(defaults)'}; {out['uptime_start']}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="bench_pause_") as tmp:
         logdir = Path(tmp)
         for i in range(args.runs):
@@ -240,7 +238,7 @@ def main() -> int:
               f"{args.runs} runs, seconds)")
         for label, m in out["medians"].items():
             print(f"{label:<14}{m['max_gap_s']:>15}{m['p50_gap_s']:>10}{m['p95_gap_s']:>10}{m['long_latency_s']:>14}")
-        print(f"load: {out['uptime_start']} -> {out['uptime_end']}; OMP_WAIT_POLICY {out['omp_wait_policy']}")
+        print(f"load: {out['uptime_start']} -> {out['uptime_end']}; OpenMP {out['omp_wait_policy']}")
     return 0
 
 

@@ -222,22 +222,29 @@ def test_passes_that_disagree_store_nothing_and_say_so_in_one_line(run_cli, pair
 
 def test_a_busy_machine_makes_llama_cpp_threads_wait_passively(monkeypatch):
     """Spinning OpenMP threads on oversubscribed cores made one 32-token run take 74 s instead of
-    4 s; tune asks for passive waiting then, only when llama.cpp is not loaded yet and the user
-    did not choose a policy."""
+    4 s; tune waits passively when the CPUs have been oversubscribed for a while (CPU pressure),
+    only when llama.cpp is not loaded yet and the user did not choose, and records what it set."""
     import sys
 
     from llamaspec.cli._output import Output
     from llamaspec.cli.tune import _passive_when_busy
-
-    monkeypatch.setenv("OMP_WAIT_POLICY", "x")   # restored after the test
-    monkeypatch.delenv("OMP_WAIT_POLICY")
-    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
     from llamaspec.runtime import wait_policy
 
-    cores = os.cpu_count() or 1
-    monkeypatch.setattr(wait_policy, "others_running", lambda: 0.0)   # who wants a CPU now
-    assert _passive_when_busy(Output(), 1) is None and "OMP_WAIT_POLICY" not in os.environ
-    monkeypatch.setattr(wait_policy, "others_running", lambda: cores + 3.0)
-    assert _passive_when_busy(Output(), 1) == "PASSIVE" and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    for var in wait_policy.USER_VARS:
+        monkeypatch.setenv(var, "x")   # restored after the test
+        monkeypatch.delenv(var)
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    monkeypatch.setattr(wait_policy, "_chosen", None)
+    monkeypatch.setattr(wait_policy, "cpu_pressure", lambda: (0.0, 0.0))   # a quiet machine
+    quiet = _passive_when_busy(Output(), 1)
+    assert "OMP_WAIT_POLICY" not in os.environ and (quiet or {}).get("OMP_WAIT_POLICY") is None
+    for var in wait_policy.USER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(wait_policy, "_chosen", None)
+    monkeypatch.setattr(wait_policy, "cpu_pressure", lambda: (95.0, 90.0))   # oversubscribed all along
+    busy = _passive_when_busy(Output(), 1)
+    if wait_policy.openmp_runtime() == "libgomp":
+        assert busy == {"OMP_WAIT_POLICY": "PASSIVE"} and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setattr(wait_policy, "_chosen", None)
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")   # the user's choice stays
     assert _passive_when_busy(Output(), 1) is None and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -147,16 +147,19 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
         raise typer.Exit(1)
 
 
-def _passive_when_busy(out: Output, threads: int | None) -> str | None:
-    """OMP_WAIT_POLICY=PASSIVE on a busy machine (runtime/wait_policy.py), before llama.cpp loads;
-    the store records it, as the ratios it measured were taken with it."""
+def _passive_when_busy(out: Output, threads: int | None) -> dict[str, str] | None:
+    """How llama.cpp's threads wait (runtime/wait_policy.py), chosen before llama.cpp loads; the
+    store records the variables set, as the ratios it measured were taken with them. A passive
+    choice (a machine oversubscribed for a while) is said in one line: ratios are noisier then."""
     from llamaspec.runtime import wait_policy
 
-    note = wait_policy.apply(threads) or wait_policy.applied()
-    if note is None:
+    wait_policy.apply(threads)
+    policy = wait_policy.chosen()
+    if policy is None or not policy.env:
         return None
-    out.info(note + "; ratios are noisier while tuning")
-    return "PASSIVE"
+    if policy.env.get("OMP_WAIT_POLICY") == "PASSIVE":
+        out.info(policy.line + "; ratios are noisier while tuning")
+    return dict(policy.env)
 
 
 @contextmanager
