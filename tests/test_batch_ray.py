@@ -113,8 +113,10 @@ def _same_texts(got: dict, want: dict) -> None:
 def test_ray_job_gives_every_id_once_and_the_local_text(cluster, tiny_models, local_reference, tmp_path):
     inp, want = local_reference
     out = tmp_path / "out.jsonl"
-    p = _driver([tiny_models["target"], inp, "-o", out, "--draft", tiny_models["draft"], *COMMON[:-1],
-                 "--ray", cluster])
+    # --fixed-draft: tiny models cost about the same a step, so the controller would rightly pause
+    # the draft at once; here the draft must run on the workers (the texts stay the local ones)
+    p = _driver([tiny_models["target"], inp, "-o", out, "--draft", tiny_models["draft"], "--fixed-draft",
+                 *COMMON[:-1], "--ray", cluster])
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     assert "ray: 2 workers" in err
@@ -124,7 +126,7 @@ def test_ray_job_gives_every_id_once_and_the_local_text(cluster, tiny_models, lo
     manifest = json.loads(Path(str(out) + ".llamaspec.json").read_text())
     assert manifest["settings"]["model"] == str(Path(tiny_models["target"]).absolute())   # as given, not resolved
     # a local rerun of the same job sees it finished: the manifest is the local job's
-    p = _driver([tiny_models["target"], inp, "-o", out, "--draft", tiny_models["draft"], *COMMON])
+    p = _driver([tiny_models["target"], inp, "-o", out, "--draft", tiny_models["draft"], "--fixed-draft", *COMMON])
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     assert _records(out).keys() == got.keys()
