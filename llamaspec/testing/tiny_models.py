@@ -391,6 +391,29 @@ def _finish(w) -> None:
     w.close()
 
 
+def llama_writer(tmp: Path, name: str, vocab: Vocab, *, context_length: int, n_embd: int, n_layer: int,
+                 n_ff: int, n_head: int, n_head_kv: int, file_type):
+    """A GGUFWriter for a llama model with its hyperparameters and vocabulary written; the caller
+    adds the tensors (and any other keys) and calls _finish."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp), "llama")
+    w.add_name(name)
+    w.add_context_length(context_length)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(vocab.size)
+    w.add_file_type(file_type)
+    vocab.write_to(w)
+    return w
+
+
 def write_llama_model(
     path: Path,
     *,
@@ -420,20 +443,9 @@ def write_llama_model(
     assert len(scales) == n_layer, "one scale per layer"
 
     def fill(tmp: Path) -> None:
-        w = gguf.GGUFWriter(str(tmp), "llama")
-        w.add_name(name)
-        w.add_context_length(context_length)
-        w.add_embedding_length(n_embd)
-        w.add_block_count(n_layer)
-        w.add_feed_forward_length(n_ff)
-        w.add_head_count(n_head)
-        w.add_head_count_kv(n_head_kv)
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_rope_dimension_count(n_embd // n_head)
-        w.add_rope_freq_base(10000.0)
-        w.add_vocab_size(vocab.size)
-        w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
-        vocab.write_to(w)
+        w = llama_writer(tmp, name, vocab, context_length=context_length, n_embd=n_embd, n_layer=n_layer,
+                         n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+                         file_type=gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
         embd, out_norm, head = _shared_weights(seed, vocab, n_embd, head_scale, suppress_control)
         w.add_tensor("token_embd.weight", _cast(embd, dtype))
         w.add_tensor("output_norm.weight", out_norm)

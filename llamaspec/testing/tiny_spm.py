@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from llamaspec.testing.tiny_models import (
-    Vocab, _atomic_write, _finish, bpe_from_text, cached_set, generator_fingerprint, spm_from_text)
+    Vocab, _atomic_write, _finish, bpe_from_text, cached_set, generator_fingerprint, llama_writer, spm_from_text)
 
 
 
@@ -70,20 +70,8 @@ def _write(path: Path, vocab: Vocab, add_space_prefix: bool | None, head: np.nda
     n_head, n_ff = 4, 64
 
     def fill(tmp: Path) -> None:
-        w = gguf.GGUFWriter(str(tmp), "llama")
-        w.add_name(name)
-        w.add_context_length(4096)
-        w.add_embedding_length(n_embd)
-        w.add_block_count(1)
-        w.add_feed_forward_length(n_ff)
-        w.add_head_count(n_head)
-        w.add_head_count_kv(n_head)
-        w.add_layer_norm_rms_eps(1e-5)
-        w.add_rope_dimension_count(n_embd // n_head)
-        w.add_rope_freq_base(10000.0)
-        w.add_vocab_size(n_vocab)
-        w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-        vocab.write_to(w)
+        w = llama_writer(tmp, name, vocab, context_length=4096, n_embd=n_embd, n_layer=1, n_ff=n_ff,
+                         n_head=n_head, n_head_kv=n_head, file_type=gguf.LlamaFileType.MOSTLY_F16)
         if add_space_prefix is not None:
             w.add_add_space_prefix(add_space_prefix)
         # rms_norm(embd[t]) == embd[t]: each row has norm sqrt(n_embd), all in one coordinate
