@@ -208,10 +208,7 @@ class SpecEngine:
 
         ctls = {}
         for d in members:
-            # a draft model re-reads the text it skipped while paused: part of a probe's price
-            resume = getattr(d, "resume_tokens", 0)
-
-            def make(c: CostModel | None, prior_alpha: float = 0.6, resume: int = resume) -> DraftLengthController:
+            def make(c: CostModel | None, prior_alpha: float = 0.6, resume: int = d.resume_tokens) -> DraftLengthController:
                 return DraftLengthController(n_min=n_min, n_max=n_max, cost=c, prior_alpha=prior_alpha,
                                              resume_tokens=resume)
 

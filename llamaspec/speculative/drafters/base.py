@@ -92,6 +92,9 @@ class Drafter(ABC):
     #: True when drafts carry `Draft.match`: the engine then sizes them per match length
     #: (match_controller.py)
     sizes_by_match: bool = False
+    #: tokens the drafter re-reads before it can draft after a pause (a draft model's catch-up
+    #: window); part of what a probe costs (DraftLengthController.probe_loss)
+    resume_tokens: int = 0
 
     def reuse_prefix(self, seq_id: int, prompt_tokens: Sequence[int], keep: int) -> int:
         """A new prompt starts on `seq_id`, and the engine means to keep the first `keep` positions
