@@ -77,6 +77,17 @@ def _chunks(lengths: list[int], limit: int) -> list[tuple[int, int]]:
     return runs
 
 
+def roll_back(ctx: Context, seq_id: int, checkpoint: tuple[int, bytearray] | None, p: int) -> int:
+    """A memory that cannot be cut at p (recurrent state): restore `checkpoint` (tokens, state) if
+    it is at or before p, else start the sequence over. Returns the new number of cached tokens.
+    ModelDrafter and TranslatedDrafter both roll back this way."""
+    if checkpoint is not None and checkpoint[0] <= p:
+        ctx.load_seq(checkpoint[1], seq_id)
+        return checkpoint[0]
+    ctx.seq_rm(seq_id, 0, -1)  # removing a whole sequence always works
+    return 0
+
+
 class ModelDrafter(Drafter):
     name = "draft-simple"
     #: tokens evaluated to draft again after a pause (`_catch_up`): the controller prices probes with them
@@ -250,14 +261,7 @@ class ModelDrafter(Drafter):
         return out
 
     def _roll_back(self, seq_id: int, p: int) -> int:
-        """The memory cannot be cut at p (recurrent state): restore the latest checkpoint at or
-        before p, else start the sequence over. Returns the new number of cached tokens."""
-        ck = self._checkpoint.get(seq_id)
-        if ck is not None and ck[0] <= p:
-            self.ctx.load_seq(ck[1], seq_id)
-            return ck[0]
-        self.ctx.seq_rm(seq_id, 0, -1)  # removing a whole sequence always works
-        return 0
+        return roll_back(self.ctx, seq_id, self._checkpoint.get(seq_id), p)
 
     def end(self, seq_id: int) -> None:
         """The sequence is over: its KV stays for the next prompt's prefix (`begin`), cut to what

@@ -40,7 +40,7 @@ import llama_cpp
 import numpy as np
 
 from llamaspec.speculative.drafters.base import Draft, Drafter
-from llamaspec.speculative.drafters.model import GAP, SYNC_WINDOW, top_probability
+from llamaspec.speculative.drafters.model import GAP, SYNC_WINDOW, roll_back, top_probability
 from llamaspec.speculative.drafters.translated_text import (
     Encoder, complete_utf8_len, draft_to_target, replace_with_offsets, restart_index, reverse_pairs, tokenize_tail)
 from llamaspec.speculative.prefix import common_prefix
@@ -259,15 +259,10 @@ class TranslatedDrafter(Drafter):
         return True
 
     def _roll_back(self, st: _Seq, seq_id: int, p: int) -> int:
-        """A memory that cannot be cut at p: restore the checkpoint if it is at or before p (as
-        ModelDrafter._roll_back), else start over. Returns the number of tokens it holds."""
-        ck = st.checkpoint
-        if ck is not None and ck[0] <= p:
-            self.ctx.load_seq(ck[1], seq_id)
-            return ck[0]
-        self.ctx.seq_rm(seq_id, 0, -1)   # removing a whole sequence always works
-        st.checkpoint = None
-        return 0
+        """model.roll_back on this sequence's checkpoint; starting over drops the checkpoint."""
+        if st.checkpoint is not None and st.checkpoint[0] > p:
+            st.checkpoint = None
+        return roll_back(self.ctx, seq_id, st.checkpoint, p)
 
     # -- drafting --------------------------------------------------------------------------------
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
