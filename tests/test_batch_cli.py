@@ -43,7 +43,9 @@ def test_generator_gives_what_run_prints(run_cli, tiny_models):
     assert g.pipeline is None  # closed by the with block
 
 
-@pytest.mark.parametrize("spec", [["--draft", "DRAFT"], ["--spec-type", "ngram-simple,ngram-mod"]])
+# --fixed-draft: tiny target and draft cost about the same a step, so the adaptive controller would
+# rightly pause the draft; the test is about --parallel's text, so the draft must run
+@pytest.mark.parametrize("spec", [["--draft", "DRAFT", "--fixed-draft"], ["--spec-type", "ngram-simple,ngram-mod"]])
 def test_parallel_gives_the_sequential_greedy_text(run_cli, tiny_models, tmp_path, spec):
     spec = [tiny_models["draft"] if a == "DRAFT" else a for a in spec]
     inp = _write_input(tmp_path / "in.jsonl", PROMPTS[:8])
