@@ -25,9 +25,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from llamaspec.runtime.grammar import GrammarState
 
 __all__ = ["Draft", "Drafter", "announce"]
 
@@ -114,6 +117,12 @@ class Drafter(ABC):
         derives it per generation, independent of the stream the verifier draws from: with one
         seed for both, the number that picks a draft token would be the one that tests it.
         """
+
+    def bind_grammars(self, grammars: Mapping[int, "GrammarState"]) -> None:
+        """The engine's live grammar states, seq_id -> GrammarState (runtime/grammar.py), present
+        while that sequence runs under a grammar; called once when the engine is made. Drafters
+        that draft from the grammar keep the mapping (read it, clone a state, never advance it);
+        the others need nothing from it."""
 
     def members(self) -> list["Drafter"]:
         """The drafters this one is made of, in priority order (itself, for a single drafter)."""

@@ -49,6 +49,10 @@ class ChainDrafter(Drafter):
         # every member is told (each resets its own state); the target starts where the neediest asks
         return min([d.reuse_prefix(seq_id, prompt_tokens, keep) for d in self.drafters])
 
+    def bind_grammars(self, grammars) -> None:
+        for d in self.drafters:
+            d.bind_grammars(grammars)
+
     def members(self) -> list[Drafter]:
         return [m for d in self.drafters for m in d.members()]
 

@@ -1,0 +1,249 @@
+"""`grammar`: draft the text the grammar forces (SGLang's "jump-forward", made lossless).
+
+Where a sequence's grammar admits only one continuation for some characters (a JSON schema's keys
+and punctuation, an enum's tail once its start is unique, `true`/`false`/`null` once started),
+those characters are proposed as a draft, in the target's own tokenization. SGLang appends such
+text without asking the model; here the target verifies it like any draft, so the output is what
+plain decoding under the grammar gives even where the model would have tokenized it differently.
+
+How the forced text is found: from a clone of the sequence's live grammar state (the engine's
+`grammars[seq_id]`, never advanced here), one probe per byte asks which of a small candidate set
+the grammar allows: one token per single byte (printable ASCII, whitespace, and the byte tokens a
+vocabulary has for the rest), and the end-of-generation tokens. Exactly one byte allowed, and no
+EOG: that byte is forced; the clone accepts its token and the next byte is probed. Optional
+whitespace (`space ::= " "?` after every `:` and `,` in llama-cpp-python's schema grammars) allows
+a blank and one other byte; the drafter then does what this output did after the same text before
+(a space after each `:`), and stops where the output has no such place yet.
+
+The forced text is tokenized by the target's tokenizer. Its last token may be one the model would
+merge with the free text that follows (` "` + a value); `tail="check"` drops it when the
+vocabulary has a longer token that starts with it and goes on with a byte the grammar allows
+there (measured against keeping and always dropping it: see tests/test_grammar_drafter.py and
+the report of issue 26).
+
+Cost: a clone, one apply over ~250 candidate tokens per probed byte (~40 us on SmolLM2) and an
+accept per forced byte; per-vocabulary tables are made once, at the first grammar draft.
+Sequences without a grammar cost a dictionary lookup and are not counted as calls.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+import numpy as np
+
+from llamaspec.speculative.drafters.base import Draft, Drafter, announce
+
+if TYPE_CHECKING:
+    from llamaspec.runtime.grammar import GrammarState
+    from llamaspec.runtime.llama import Model
+
+__all__ = ["GrammarJumpDrafter", "forced_text"]
+
+#: bytes of forced text looked at per draft at most (a long key and its punctuation fit)
+MAX_BYTES = 96
+#: earlier places in the output looked at for an optional whitespace decision
+MAX_LOOKBACK = 16
+_WS = frozenset(b" \t\n\r")
+
+
+class _Vocab:
+    """What the drafter needs to know about one vocabulary, made once: a token per single byte,
+    the EOG tokens, and which single-token texts a longer token extends (for the tail check)."""
+
+    def __init__(self, model: "Model"):
+        tok_of: dict[int, int] = {}
+        # printable ASCII and whitespace: the tokenizer's own token for the character first
+        for c in list(range(32, 127)) + [9, 10, 13]:
+            toks = model.tokenize(chr(c), add_special=False, parse_special=False)
+            if len(toks) == 1 and model.piece(toks[0]) == bytes([c]):
+                tok_of[c] = toks[0]
+        pieces = [model.piece(t) for t in range(model.n_vocab)]
+        for t, p in enumerate(pieces):   # the other bytes (UTF-8 lead and continuation bytes)
+            if len(p) == 1 and p[0] not in tok_of:
+                tok_of[p[0]] = t
+        self.tok_of = tok_of
+        self.byte_of = {t: b for b, t in tok_of.items()}
+        self.eog = [t for t in range(model.n_vocab) if model.is_eog(t)]
+        self.eog_set = frozenset(self.eog)
+        self.eos = model.eos if model.eos in self.eog_set else (self.eog[0] if self.eog else -1)
+        self.candidates = np.array(sorted(tok_of.values()) + self.eog, dtype=np.int32)
+        # text of a token -> the bytes a longer token continues it with
+        piece_set = {p for p in pieces if p}
+        ext: dict[bytes, set[int]] = {}
+        for p in piece_set:
+            for i in range(1, len(p)):
+                if p[:i] in piece_set:
+                    ext.setdefault(p[:i], set()).add(p[i])
+        self.extends = ext
+
+
+_VOCABS: "weakref.WeakKeyDictionary[Model, _Vocab]" = weakref.WeakKeyDictionary()
+
+
+def _vocab(model: "Model") -> _Vocab:
+    v = _VOCABS.get(model)
+    if v is None:
+        v = _VOCABS[model] = _Vocab(model)
+    return v
+
+
+def _valid_utf8_prefix(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return data[:e.start].decode("utf-8")
+
+
+def _whitespace_choice(seen: bytes, allowed: list[int]) -> int | None:
+    """The byte to take where the grammar allows whitespace and at most one other byte: the one
+    that followed the same context (the last 4, 2, then 1 bytes) at its latest earlier occurrence
+    in `seen` (the output so far, forced text included) where what followed is allowed here.
+    None when the grammar allows more than that, or the output has no such place yet.
+
+        >>> _whitespace_choice(b'{"a": "x", "b":', [ord(" "), ord('"')])    # ': ' before
+        32
+        >>> _whitespace_choice(b'{"a":"x","b":', [ord(" "), ord('"')])      # ':"' before
+        34
+        >>> _whitespace_choice(b'{', [ord(" "), ord('"')]) is None          # nothing seen yet
+        True
+    """
+    if sum(1 for b in allowed if b not in _WS) > 1:
+        return None
+    ok = set(allowed)
+    for n in (4, 2, 1):
+        if len(seen) <= n:
+            continue
+        key, end = seen[-n:], len(seen) - 1
+        for _ in range(MAX_LOOKBACK):
+            i = seen.rfind(key, 0, end)   # an occurrence ending before the last byte
+            if i < 0:
+                break
+            if seen[i + n] in ok:
+                return seen[i + n]
+            end = i + n - 1
+    return None
+
+
+def forced_text(state: "GrammarState", vocab: _Vocab, max_bytes: int, seen: bytes = b"",
+                guess_whitespace: bool = True, more: Callable[[], int] | None = None
+                ) -> tuple[bytes, int | None, list[int]]:
+    """(forced bytes, EOG token if the grammar then allows only end of generation, bytes it
+    allows where the forced text stops). Works on a clone of `state`. `more()` is called once the
+    first byte is forced, and returns how many bytes to look at in all (the draft's room)."""
+    g = state.clone()
+    out = bytearray()
+    allowed_bytes: list[int] = []
+    try:
+        while len(out) < max_bytes:
+            allowed = g.allowed_ids(vocab.candidates)
+            eog = [t for t in allowed if t in vocab.eog_set]
+            allowed_bytes = [vocab.byte_of[t] for t in allowed if t not in vocab.eog_set]
+            if eog:
+                if not allowed_bytes:   # the grammar is complete: only the end may follow
+                    return bytes(out), (vocab.eos if vocab.eos in eog else eog[0]), []
+                break
+            if len(allowed_bytes) == 1:
+                b = allowed_bytes[0]
+            elif guess_whitespace and len(allowed_bytes) > 1:
+                b = _whitespace_choice(seen + bytes(out), allowed_bytes)
+                if b is None:
+                    break
+            else:
+                break
+            g.accept(vocab.tok_of[b])
+            out.append(b)
+            if len(out) == 1 and more is not None:
+                max_bytes = min(max_bytes, more())
+    finally:
+        g.close()
+    # stopped by the room, not by the grammar: what follows is forced too (no tail to drop)
+    return bytes(out), None, [] if len(out) >= max_bytes else allowed_bytes
+
+
+class GrammarJumpDrafter(Drafter):
+    """Drafts the text a sequence's grammar forces (see the module docstring).
+
+    tail: "check" (drop the last token where a longer token could continue it into what the
+    grammar allows next), "keep" or "drop" (always drop it when free text follows).
+    guess_whitespace: decide optional whitespace from this output's earlier choices.
+    """
+
+    name = "grammar"
+
+    def __init__(self, target: "Model", *, tail: str = "check", guess_whitespace: bool = True,
+                 max_bytes: int = MAX_BYTES):
+        if tail not in ("check", "keep", "drop"):
+            raise ValueError(f"tail must be check, keep or drop (got {tail!r})")
+        self.target, self.tail, self.guess_whitespace, self.max_bytes = target, tail, guess_whitespace, max_bytes
+        self._grammars: Mapping[int, "GrammarState"] = {}
+        self._seen: dict[int, bytearray] = {}
+
+    def bind_grammars(self, grammars: Mapping[int, "GrammarState"]) -> None:
+        self._grammars = grammars
+
+    def begin(self, seq_id: int, prompt_tokens: Sequence[int], rng: np.random.Generator | None = None) -> None:
+        self._seen[seq_id] = bytearray()
+
+    def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int], is_other: bool = False) -> None:
+        seen = self._seen.get(seq_id)
+        if seen is not None:
+            for t in new_tokens:
+                seen += self.target.piece(int(t))
+
+    def end(self, seq_id: int) -> None:
+        self._seen.pop(seq_id, None)
+
+    def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
+        return self.propose_within(seq_id, history, lambda d, match=None: n_max)
+
+    def propose_within(self, seq_id: int, history: Sequence[int], limit: Callable[..., int]) -> Draft:
+        state = self._grammars.get(seq_id)
+        if state is None:   # no grammar on this sequence: not asked, not timed
+            return Draft([])
+        announce(limit, self)
+        room = [0]
+
+        def more() -> int:   # a byte is forced: how many tokens may the draft have
+            room[0] = limit(self)
+            return min(self.max_bytes, 8 * room[0] + 8)
+
+        seen = bytes(self._seen.get(seq_id, b""))
+        data, eog, allowed_after = forced_text(state, _vocab(self.target), self.max_bytes, seen,
+                                               self.guess_whitespace, more)
+        if not data and eog is None:
+            return Draft([])
+        if not data:   # only the end may follow: the draft is the EOG token
+            room[0] = limit(self)
+            return Draft([eog], source=self.name) if room[0] > 0 else Draft([])
+        k = room[0]
+        if k <= 0:
+            return Draft([])
+        tokens = self._tokens(data, eog, allowed_after)
+        return Draft(tokens[:k], source=self.name)
+
+    def _tokens(self, data: bytes, eog: int | None, allowed_after: list[int]) -> list[int]:
+        """The forced bytes in the target's tokenization: the tokens whose texts spell a prefix of
+        them, the last one dropped per `tail` where free text follows; the EOG token appended when
+        the grammar ends there."""
+        text = _valid_utf8_prefix(data)
+        toks = self.target.tokenize(text, add_special=False, parse_special=False)
+        keep, pos = [], 0
+        for t in toks:   # a tokenizer that adds a leading space (SentencePiece) spells other bytes
+            p = self.target.piece(t)
+            if not p or data[pos:pos + len(p)] != p:
+                break
+            keep.append(t)
+            pos += len(p)
+        whole = pos == len(data)
+        if whole and eog is not None:
+            return keep + [eog]
+        if keep and whole and allowed_after and self.tail != "keep":
+            if self.tail == "drop":
+                keep.pop()
+            else:
+                nxt = _vocab(self.target).extends.get(self.target.piece(keep[-1]), ())
+                if any(b in nxt for b in allowed_after):
+                    keep.pop()
+        return keep
