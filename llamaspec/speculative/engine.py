@@ -78,6 +78,12 @@ class SpecEngine:
         self._cached: dict[int, list[int]] = {}
         # Times of whole multi-sequence batches: the curve that prices each sequence's draft rows.
         self._batch_cost = CostModel()
+        # The live grammar state of each sequence generating under one (seq_id -> GrammarState,
+        # advanced by the emitted tokens only): drafters read it to cut or make drafts.
+        self.grammars: dict = {}
+        bind = getattr(drafter, "bind_grammars", None)   # (the Drafter base gains it; until then, guarded)
+        if bind is not None:
+            bind(self.grammars)
 
     def generate(self, prompt_tokens: Sequence[int], config: GenerationConfig,
                  on_text: TextCallback | None = None, seq_id: int = 0,

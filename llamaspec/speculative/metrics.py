@@ -41,6 +41,7 @@ class DrafterCredit:
     accepted: int = 0       # of those, accepted by the target
     accepted_per_position: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0  # time spent in its propose()
+    grammar_cut: int = 0    # its draft tokens cut before verification: the grammar refused them
 
     @property
     def acceptance(self) -> float:
@@ -66,6 +67,7 @@ class DrafterCredit:
             accepted=self.accepted + other.accepted,
             accepted_per_position=_add_lists(self.accepted_per_position, other.accepted_per_position),
             draft_seconds=self.draft_seconds + other.draft_seconds,
+            grammar_cut=self.grammar_cut + other.grammar_cut,
         )
 
     def to_dict(self) -> dict:
@@ -79,6 +81,7 @@ class DrafterCredit:
             "per_position_acceptance": [a / self.drafts for a in self.accepted_per_position]
             if self.drafts else [],
             "draft_seconds": self.draft_seconds,
+            "grammar_cut": self.grammar_cut,
         }
 
 
@@ -107,6 +110,11 @@ class SpecStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     overhead_seconds: float = 0.0
+    # Under a grammar: draft tokens cut before verification (refused, from the first such token
+    # on; not counted in `drafted`), and rows where the whole vocabulary had to be masked (the
+    # chain's token was refused: llama.cpp's slow path).
+    grammar_cut: int = 0
+    grammar_masks: int = 0
 
     def record_step(self, n_drafted: int, n_accepted: int, n_new: int, source: str = "") -> None:
         """One step: `n_drafted` draft tokens verified, `n_accepted` accepted, `n_new` tokens appended
@@ -136,6 +144,14 @@ class SpecStats:
             credit.drafts += 1
             credit.drafted += n_drafted
             credit.record_accepted(n_accepted)
+
+    def record_grammar_cut(self, source: str, n: int) -> None:
+        """n draft tokens of drafter `source` cut before verification: the grammar refused them."""
+        self.grammar_cut += n
+        credit = self.per_drafter.get(source)
+        if credit is None:
+            credit = self.per_drafter[source] = DrafterCredit()
+        credit.grammar_cut += n
 
     def record_call(self, source: str, seconds: float) -> None:
         """Drafter `source` was asked for a draft (drafted or not) and took `seconds`."""
@@ -199,6 +215,8 @@ class SpecStats:
             draft_seconds=self.draft_seconds + other.draft_seconds,
             verify_seconds=self.verify_seconds + other.verify_seconds,
             overhead_seconds=self.overhead_seconds + other.overhead_seconds,
+            grammar_cut=self.grammar_cut + other.grammar_cut,
+            grammar_masks=self.grammar_masks + other.grammar_masks,
         )
 
     __add__ = merge
@@ -232,4 +250,6 @@ class SpecStats:
             "verify_seconds": self.verify_seconds,
             "overhead_seconds": self.overhead_seconds,
             "tokens_per_second": self.tokens_per_second,
+            "grammar_cut": self.grammar_cut,
+            "grammar_masks": self.grammar_masks,
         }

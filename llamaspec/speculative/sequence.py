@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
 from llamaspec.errors import ContextFullError
+from llamaspec.runtime.grammar import GrammarSpec
 from llamaspec.runtime.llama import DecodeClock, Model, Utf8Stream
+from llamaspec.speculative.constrained import Constraints
 from llamaspec.speculative.controller import DraftLengthController
 from llamaspec.speculative.drafters.base import Draft
+from llamaspec.speculative.logprobs import TokenLogprob
 from llamaspec.speculative.metrics import SpecStats
 from llamaspec.speculative.sampling_params import SamplingParams, seed_entropy
 from llamaspec.speculative.prefix import common_prefix
@@ -29,6 +32,9 @@ class GenerationConfig:
     draft_min: int = 0         # drafts shorter than this are dropped (llama.cpp --spec-draft-n-min)
     adaptive: bool = True      # let the controller move k with the measured acceptance
     ignore_eos: bool = False   # end-of-generation tokens are never sampled (llama-server's ignore_eos)
+    grammar: GrammarSpec | None = None   # the output follows it (constrained.py: llama.cpp's rule)
+    logit_bias: Mapping[int, float] | None = None   # token id -> added to the target's raw logits
+    logprobs: int | None = None   # None: off; N >= 0: each token's logprob and the top N of its row
 
 
 #: why a generation ended: an end-of-generation token, -n reached, a stop string, the context
@@ -43,6 +49,7 @@ class Generation:
     n_prompt: int
     stop_reason: StopReason
     stats: SpecStats
+    logprobs: list[TokenLogprob] | None = None   # one per token, when GenerationConfig.logprobs was set
 
 
 # on_text(text, from_draft, source): streaming callback for new text; from_draft is True for
@@ -108,6 +115,7 @@ class SequenceRun:
         self.n_past = 0
         self._draft = _NO_DRAFT
         self._state = None
+        self.rules: Constraints | None = None   # logit_bias / grammar / logprobs: made at begin()
         self._draft_s = self._verify_s = 0.0
         self._timed: set[str] = set()   # drafters whose drafting time the controllers have learnt
         self._t_gen = 0.0
@@ -130,6 +138,11 @@ class SequenceRun:
         (`prompt_left` tokens, from position n_past)."""
         eng, ctx, prompt = self.engine, self.engine.ctx, self.history
         self._t0 = time.perf_counter()
+        c = self.config
+        if c.grammar is not None or c.logit_bias or c.logprobs is not None:   # (a bad one fails the start)
+            self.rules = Constraints(eng.target, c, self.stats)
+            if self.rules.grammar is not None:   # the live state, for the drafters (bind_grammars)
+                eng.grammars[self.seq_id] = self.rules.grammar
         if len(prompt) > ctx.n_ctx_seq:   # as decode would say, before any chunk shares a step
             raise ContextFullError(f"context full: {len(prompt)} tokens needed, context size is {ctx.n_ctx_seq}",
                                    "raise --ctx-size or shorten the prompt / -n")
@@ -160,7 +173,10 @@ class SequenceRun:
             return
         eng, ctx, prompt = self.engine, self.engine.ctx, self.history
         self.prefilling = False
-        first = eng._sample_plain(self._allowed(row), prompt, self.params, self.verify_rng)
+        if self.rules is None:
+            first = eng._sample_plain(self._allowed(row), prompt, self.params, self.verify_rng)
+        else:
+            first = self.rules.first(eng, self._allowed(row), prompt, self.params, self.verify_rng)
         if eng.drafter is not None:
             eng.drafter.begin(self.seq_id, prompt, self.draft_rng)
             self._began = True
@@ -169,6 +185,8 @@ class SequenceRun:
         self._clock0 = DecodeClock.seconds
         self.n_past = len(prompt)  # tokens in the target KV; history[-1] is not among them
         self.done = self.config.max_tokens <= 0 or self.out.emit([first], 0, "")
+        if self.rules is not None:
+            self.rules.emitted(row[None, :], [first], 0, len(self.out.tokens))
         self.history.append(first)
         if eng.drafter is not None:
             eng.drafter.accepted(self.seq_id, 0, [first], is_other=True)
@@ -196,6 +214,8 @@ class SequenceRun:
 
     def planned(self, draft: Draft, draft_seconds: float) -> tuple[list[int], int, int]:
         """Take this step's draft (drafted in `draft_seconds`); returns the batch segment."""
+        if self.rules is not None:   # cut at the first token the grammar refuses: no row for it
+            draft = self.rules.cut_draft(draft)
         self._draft, self._draft_s = draft, draft_seconds
         d = self._draft.tokens
         self._state = self.engine.ctx.save_seq(self.seq_id) if (d and self.engine.target.needs_checkpoints) else None
@@ -206,7 +226,11 @@ class SequenceRun:
         eng, ctx, draft = self.engine, self.engine.ctx, self._draft
         d, last = draft.tokens, self.history[-1]
         t0 = time.perf_counter()
-        n_acc, nxt = eng._verify(d, draft, self._allowed(rows), self.history, self.params, self.verify_rng)
+        if self.rules is None:
+            n_acc, nxt = eng._verify(d, draft, self._allowed(rows), self.history, self.params, self.verify_rng)
+        else:
+            n_acc, nxt = self.rules.verify(eng, d, draft, self._allowed(rows), self.history, self.params,
+                                           self.verify_rng)
         if n_acc < len(d):
             if self._state is None:
                 ctx.seq_rm(self.seq_id, self.n_past + 1 + n_acc, -1)
@@ -222,6 +246,8 @@ class SequenceRun:
         self.history.extend(new)
         before = len(self.out.tokens)
         self.done = self.out.emit(new, n_acc, draft.source)
+        if self.rules is not None:
+            self.rules.emitted(rows, new, n_acc, len(self.out.tokens) - before)
         self.stats.record_step(len(d), n_acc, len(self.out.tokens) - before, draft.source)
         # A drafter's first draft of a sequence also evaluates what it deferred (a draft model's
         # prompt): timed as drafting, it would price every later draft token at many.
@@ -244,6 +270,8 @@ class SequenceRun:
         if self._began:
             eng.drafter.end(self.seq_id)
             self._began = False
+        logprobs = self.rules.logprobs if self.rules is not None else None
+        self._drop_rules()
         # What the target's KV holds now (history[-1] was never evaluated): the next prompt on
         # this sequence id may reuse its prefix.
         eng._cached[self.seq_id] = self.history[:self.n_past]
@@ -254,15 +282,23 @@ class SequenceRun:
         # Overhead: generation wall time not spent inside llama_decode (target or draft); with
         # several sequences at once the decode time is shared, so this is a lower bound.
         s.overhead_seconds = max(0.0, s.gen_seconds - (DecodeClock.seconds - self._clock0))
-        return Generation(self.out.tokens, "".join(self.out.parts), self.n_prompt, self.out.stop_reason, s)
+        return Generation(self.out.tokens, "".join(self.out.parts), self.n_prompt, self.out.stop_reason, s, logprobs)
 
     def abandon(self) -> None:
         """Drop the sequence without a result (interrupted, or its prompt failed)."""
         if self._began:
             self.engine.drafter.end(self.seq_id)
             self._began = False
+        self._drop_rules()
         self.engine._cached.pop(self.seq_id, None)
         self.engine.ctx.seq_rm(self.seq_id, 0, -1)
+
+    def _drop_rules(self) -> None:
+        if self.rules is not None:
+            if self.engine.grammars.get(self.seq_id) is self.rules.grammar:
+                del self.engine.grammars[self.seq_id]
+            self.rules.close()
+            self.rules = None
 
 
 class _Output:

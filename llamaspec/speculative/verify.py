@@ -41,6 +41,7 @@ __all__ = [
     "verify_greedy",
     "verify_sample_and_match",
     "verify_rejection",
+    "rejection_step",
     "fit_to_vocab",
     "sample_dense",
 ]
@@ -325,23 +326,30 @@ def verify_rejection(draft_tokens: Sequence[int], draft_probs, target_probs_rows
     k = len(draft_tokens)
     for i in range(k):
         x = int(draft_tokens[i])
-        p = np.asarray(target_probs_rows[i], dtype=np.float64)
-        q = draft_probs[i] if draft_probs is not None else None
-        if q is not None:
-            q = fit_to_vocab(np.asarray(q, dtype=np.float64), p.shape[0], 0.0)
-        px = float(p[x]) if x < p.shape[0] else 0.0   # a token the target lacks has p = 0
-        qx = float(q[x]) if q is not None and x < q.shape[0] else 1.0
-        if rng.random() * qx < px:
-            if x in eog:
-                return i, x
-            continue
-        if q is None:
-            residual = p.copy()
-            if x < residual.shape[0]:
-                residual[x] = 0.0
-        else:
-            residual = np.maximum(p - q, 0.0)
-        if not residual.sum() > 0.0:
-            residual = np.asarray(p, dtype=np.float64)
-        return i, sample_dense(residual, rng)
+        fixed = rejection_step(x, draft_probs[i] if draft_probs is not None else None, target_probs_rows[i], rng)
+        if fixed is not None:
+            return i, fixed
+        if x in eog:
+            return i, x
     return k, sample_dense(np.asarray(target_probs_rows[k], dtype=np.float64), rng)
+
+
+def rejection_step(x: int, q, p, rng: np.random.Generator) -> int | None:
+    """One position of `verify_rejection`: None when draft token x (drawn from q; None: one-hot)
+    is accepted against the target's p, else the token drawn from the residual max(0, p - q)."""
+    p = np.asarray(p, dtype=np.float64)
+    if q is not None:
+        q = fit_to_vocab(np.asarray(q, dtype=np.float64), p.shape[0], 0.0)
+    px = float(p[x]) if x < p.shape[0] else 0.0   # a token the target lacks has p = 0
+    qx = float(q[x]) if q is not None and x < q.shape[0] else 1.0
+    if rng.random() * qx < px:
+        return None
+    if q is None:
+        residual = p.copy()
+        if x < residual.shape[0]:
+            residual[x] = 0.0
+    else:
+        residual = np.maximum(p - q, 0.0)
+    if not residual.sum() > 0.0:
+        residual = p
+    return sample_dense(residual, rng)
