@@ -22,7 +22,7 @@ __all__ = [
     "DEFAULT_CTX", "MAX_DRAFT", "DRAFT_MAX_NGRAM", "DRAFT_MAX_MODEL",
     "canonical_name", "order_by_priority", "parse_spec_types", "check_implemented", "implemented_names",
     "default_draft_max", "needs_draft_model", "loads_mtp_layers", "default_bench_modes", "native_flags",
-    "spec_type_help",
+    "spec_type_help", "chain_joiners",
 ]
 
 DEFAULT_CTX = 4096
@@ -64,11 +64,17 @@ class SpecType:
     native_flags: tuple[tuple[str, str], ...] = ()
     implemented: bool = False              # llamaspec has a drafter for it
     in_llama_cpp: bool = True              # False: llamaspec's own type (llama.cpp would refuse it)
+    # drafts only where a sequence's grammar forces text: it joins every chain (the factory adds
+    # it), and has no draft_max of its own, so bench and tune do not measure it alone
+    joins_every_chain: bool = False
 
 
 #: llama.cpp's speculative types, in its chain priority order ("none" first: plain decoding)
 SPEC_TYPES: dict[str, SpecType] = {t.name: t for t in (
     SpecType("none", 0, draft_max=None, implemented=True),
+    # llamaspec's own: the text a grammar forces (drafters/grammar_jump.py), first: where the
+    # grammar admits one continuation it is near certain, and elsewhere it proposes nothing
+    SpecType("grammar", 0.5, implemented=True, in_llama_cpp=False, joins_every_chain=True),
     SpecType("ngram-simple", 1, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_SIMPLE_FLAGS, implemented=True),
     SpecType("ngram-map-k", 2, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MAP_K_FLAGS, implemented=True),
     SpecType("ngram-map-k4v", 3, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MAP_K4V_FLAGS, implemented=True),
@@ -126,6 +132,11 @@ def order_by_priority(names: Iterable[str]) -> list[str]:
     seen = {canonical_name(n) for n in names}
     seen.discard("none")
     return [n for n in PRIORITY if n in seen]
+
+
+def chain_joiners() -> list[str]:
+    """The types that join every chain of drafting types (the grammar drafter), priority order."""
+    return [n for n in PRIORITY if SPEC_TYPES[n].joins_every_chain]
 
 
 def implemented_names() -> list[str]:

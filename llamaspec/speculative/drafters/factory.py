@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 from llamaspec.errors import InputError, UsageError
 from llamaspec.speculative.drafters.base import Drafter
 from llamaspec.speculative.drafters.chain import ChainDrafter
-from llamaspec.speculative.options import MAX_DRAFT, SpecOptions, parse_spec_types
+from llamaspec.speculative.options import MAX_DRAFT, SpecOptions, chain_joiners, parse_spec_types
 
 if TYPE_CHECKING:
     from llamaspec.runtime.llama import Model
@@ -182,7 +182,14 @@ def _ngram_cache(opts, target, ctx, sampling) -> Built:
                                  "--lookup-cache-static/--lookup-cache-dynamic") from None
 
 
+def _grammar(opts, target, ctx, sampling) -> Built:
+    from llamaspec.speculative.drafters.grammar_jump import GrammarJumpDrafter
+
+    return Built(GrammarJumpDrafter(target))
+
+
 _BUILDERS: dict[str, Callable[..., Built]] = {
+    "grammar": _grammar,
     "ngram-simple": _ngram_simple,
     "ngram-map-k": _ngram_map_k,
     "ngram-map-k4v": _ngram_map_k4v,
@@ -200,10 +207,15 @@ _BUILDERS: dict[str, Callable[..., Built]] = {
 
 def build_drafter(opts: SpecOptions, target: "Model", ctx: "Context", sampling: "SamplingParams") -> Built:
     """Drafter for opts.spec_types (put in priority order here); None for plain decoding.
-    Unknown types and types llamaspec does not implement are usage errors."""
+    Every drafting set of types gets the chain joiners too (the grammar drafter: a no-op for a
+    sequence without a grammar). Unknown types and types llamaspec does not implement are usage
+    errors."""
     built: list[Built] = []
+    types = parse_spec_types(opts.spec_types)
+    if types:   # drafting at all: the grammar drafter joins (it drafts only under a grammar)
+        types = parse_spec_types(types + chain_joiners())
     try:
-        for t in parse_spec_types(opts.spec_types):
+        for t in types:
             built.append(_BUILDERS[t](opts, target, ctx, sampling))
     except BaseException:   # a later type refused: free what the earlier ones loaded
         for b in built:
