@@ -142,7 +142,7 @@ def test_ngram_flags_reach_the_drafters(run_cli, tiny_models):
     opts = SpecOptions(spec_types=parse_spec_types("ngram-simple,ngram-mod"), n_ctx=256, n_threads=1, ngram=ngram)
     pipe = load_pipeline(tiny_models["target"], opts)
     try:
-        simple, mod = pipe.drafter.drafters
+        simple, mod = pipe.drafter.members()[-2:]   # (the grammar drafter joins in front)
         assert (simple.size_n, simple.size_m) == (9, 30)
         assert (mod.n_match, mod.n_min, mod.n_max) == (7, 5, 40)
     finally:

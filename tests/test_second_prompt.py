@@ -152,7 +152,7 @@ def test_a_draft_model_evaluates_only_the_new_tokens_of_a_continued_conversation
         plain = g.generate(second).tokens
 
     with _generator(models, case) as g:
-        dctx = g.pipeline.drafter.ctx
+        dctx = g.pipeline.drafter.members()[-1].ctx   # (behind the grammar drafter)
         evaluated: list[int] = []
         real_decode = dctx.decode
 

@@ -162,7 +162,7 @@ def _run(target, draft, **kw):
 
     with Generator(str(target), draft=None if draft is None else str(draft),
                    spec_type="none" if draft is None else None, threads=1, ctx_size=512, **kw) as g:
-        drafter = g.pipeline.drafter
+        drafter = g.pipeline.drafter.members()[-1] if g.pipeline.drafter else None   # (the grammar drafter first)
         return g.generate(PROMPT), g.notes, drafter if isinstance(drafter, TranslatedDrafter) else None
 
 

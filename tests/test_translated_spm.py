@@ -102,7 +102,7 @@ def test_only_a_window_is_tokenized_and_turns_reuse_the_draft_kv(models, target,
 
     prompt = " ".join(WORDS[:120])
     with _gen(models[target], models[draft], max_tokens=40, adaptive=False, draft_max=4) as g:
-        d = g.pipeline.drafter
+        d = g.pipeline.drafter.members()[-1]   # (behind the grammar drafter)
         assert isinstance(d, TranslatedDrafter)
         seen: list[int] = []
         enc = d._denc
@@ -130,7 +130,7 @@ def test_recurrent_draft_rolls_back_to_a_checkpoint(models):
     with _gen(models["bpe"], max_tokens=32) as g:
         plain = g.generate(prompt).tokens
     with _gen(models["bpe"], models["spm_mamba"], max_tokens=32, adaptive=False, draft_max=4) as g:
-        d = g.pipeline.drafter
+        d = g.pipeline.drafter.members()[-1]   # (behind the grammar drafter)
         assert d.draft.needs_checkpoints
         first: list[int] = []
         _spy(d.ctx, first)
