@@ -21,6 +21,7 @@ from llamaspec.openai_format import NO_LIMIT, parse_stop
 from llamaspec.speculative.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from llamaspec.runtime.grammar import GrammarSpec
     from llamaspec.speculative.options import NgramParams
 
 
@@ -33,7 +34,8 @@ class GenerationOptions:
     draft_max None: the resolved default for the spec type. adaptive False is --fixed-draft.
     n_gpu_layers(_draft) None: offload what fits (-1: every layer). parallel: sequences in one context.
     sampling, max_tokens and stop are defaults that each request may override. max_tokens None or
-    -1: no limit (until end-of-generation or a full context; kept as NO_LIMIT).
+    -1: no limit (until end-of-generation or a full context; kept as NO_LIMIT). grammar: the
+    constraint of every request that sets none (--grammar, -j/--json-schema; runtime/grammar.py).
     """
 
     # drafting
@@ -59,6 +61,7 @@ class GenerationOptions:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None
     stop: Sequence[str] = ()
+    grammar: "GrammarSpec | None" = None
     # prompt formatting
     chat: bool | None = None
     system: str | None = None
@@ -71,6 +74,9 @@ class GenerationOptions:
             raise UsageError(f"draft_min {self.draft_min} exceeds draft_max {self.draft_max}",
                              "draft_min must be between 0 and draft_max")
         object.__setattr__(self, "stop", check_stop(self.stop))
+        if self.grammar is not None and not hasattr(self.grammar, "gbnf"):
+            raise UsageError(f"grammar must be a GrammarSpec (runtime/grammar.py) or None, not {self.grammar!r}",
+                             "build one with GrammarSpec(gbnf) or grammar_from_schema(schema)")
 
 
 def check_max_tokens(value, name: str = "max_tokens") -> int:

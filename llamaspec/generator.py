@@ -14,67 +14,27 @@ resolution of model references and `draft="auto"`, the same defaults, the same s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from llamaspec.errors import ContextFullError, GenerationInterrupted, LlamaspecError, UsageError  # noqa: F401 (API)
 from llamaspec.openai_api import OpenAIMethods
+from llamaspec.request import REQUEST_FIELDS, Prompt, Request, Result, finish_reason  # noqa: F401 (API)
 
 if TYPE_CHECKING:
     from llamaspec.generation_options import GenerationOptions
+    from llamaspec.openai.tools import ToolPlan
     from llamaspec.streaming import TextStream
 
-# A prompt: text (the chat template is applied when the model has one, unless chat=False) or a
-# list of chat messages [{"role": ..., "content": ...}].
-Prompt = str | Sequence[dict]
 
+class Prepared(NamedTuple):
+    """A request ready to run: its prompt tokens, the engine's config, and the tool plan whose
+    calls its reply is parsed for (None: no tools to call)."""
 
-@dataclass
-class Result:
-    """One generation: text, tokens, why it stopped, and the numbers `run --json` prints."""
-
-    id: str
-    text: str
     tokens: list[int]
-    finish_reason: str          # "stop" (EOS or a stop string), "length", "context", "interrupted"
-    stop_reason: str            # the engine's finer reason: "eos" | "stop" | "length" | ...
-    n_prompt: int
-    stats: dict[str, Any] = field(default_factory=dict)
-    error: LlamaspecError | None = None   # generate_many: this prompt could not run (the rest did)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {"id": self.id, "text": self.text, "tokens": self.tokens, "finish_reason": self.finish_reason,
-             "stop_reason": self.stop_reason, "n_prompt": self.n_prompt, **self.stats}
-        if self.error is not None:
-            d["error"] = self.error.message
-        return d
-
-
-@dataclass
-class Request:
-    """A prompt with optional per-request settings (None: the Generator's)."""
-
-    prompt: Prompt
-    id: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: Sequence[str] | None = None
-    chat: bool | None = None   # a text prompt: apply the chat template (None: the Generator's choice)
-    top_k: int | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    ignore_eos: bool = False   # never end at an end-of-generation token (llama-server's ignore_eos)
-
-    SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty",   # SamplingParams fields
-                "presence_penalty", "frequency_penalty")
-
-
-REQUEST_FIELDS = frozenset(f for f in Request.__dataclass_fields__ if f != "prompt")
+    config: Any
+    tools: "ToolPlan | None"
 
 
 class PromptTooLong(UsageError, ContextFullError):
@@ -91,11 +51,6 @@ def prompt_too_long(n_prompt: int, n_ctx: int, given: int | None) -> PromptTooLo
                          f"raise -c/--ctx-size (ctx_size) to at least {n_prompt + 1:,}, or shorten the prompt")
 
 
-def finish_reason(stop_reason: str) -> str:
-    """OpenAI's finish_reason for an engine stop reason ("eos" and stop strings are both "stop")."""
-    return {"eos": "stop", "stop": "stop"}.get(stop_reason, stop_reason)
-
-
 class Generator(OpenAIMethods):
     """Loaded target (and draft) with the options of `llamaspec run`; see the module docstring.
 
@@ -107,6 +62,8 @@ class Generator(OpenAIMethods):
     the configuration `llamaspec tune` stored for these files (settings given here win, one by one).
     n_gpu_layers / n_gpu_layers_draft: layers on the GPU, -1 all; None (default) offloads what fits
     in device memory, as llama.cpp does (`self.pipeline.offload` says what was chosen and why).
+    grammar (GBNF) or json_schema: the constraint of every request that sets none (as run's
+    --grammar / -j); a request's own grammar, json_schema or tools replace it.
 
     One generation at a time uses the models (llamaspec/context_owner.py): a call from another
     thread waits for the running one (or open stream) to end; a second open stream in the same
@@ -123,7 +80,9 @@ class Generator(OpenAIMethods):
                  frequency_penalty: float = 0.0, seed: int | None = None,
                  max_tokens: int | None = None, stop: Sequence[str] = (), chat: bool | None = None,
                  system: str | None = None, offline: bool = False, force_draft: bool = False,
-                 search: Sequence[Path] = (), tuned: bool = True, spec_replace: Sequence[tuple[str, str]] = ()):
+                 search: Sequence[Path] = (), tuned: bool = True, spec_replace: Sequence[tuple[str, str]] = (),
+                 grammar: str | None = None, json_schema: dict | str | bool | None = None):
+        from llamaspec.constraints import grammar_of
         from llamaspec.generation_options import GenerationOptions
         from llamaspec.speculative.sampling_params import SamplingParams
 
@@ -136,7 +95,7 @@ class Generator(OpenAIMethods):
             spec_replace=tuple((str(a), str(b)) for a, b in spec_replace),
             ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
             amx=amx, parallel=parallel, sampling=sampling, max_tokens=max_tokens, stop=stop, chat=chat,
-            system=system), tuned)
+            system=system, grammar=grammar_of(grammar, json_schema)), tuned)
 
     @classmethod
     def from_options(cls, model: str | Path | None, options: "GenerationOptions", *,
@@ -188,6 +147,10 @@ class Generator(OpenAIMethods):
         self.max_tokens, self.stop = o.max_tokens, list(o.stop)
         self.chat, self.system = o.chat, o.system
         self.pipeline = load_pipeline(r.target_path, self.options, self.sampling)
+        if o.grammar is not None:   # a grammar that does not compile: one error now, not one per request
+            from llamaspec.constraints import check_compiles
+
+            check_compiles(self.pipeline.target, o.grammar)
         from llamaspec.context_owner import ContextOwner
 
         self._owner = ContextOwner(self.pipeline.close)
@@ -211,6 +174,11 @@ class Generator(OpenAIMethods):
         return Request(**fields)
 
     @property
+    def chat_template(self) -> str | None:
+        """The target's chat template (Jinja text), None when it has none."""
+        return self._pipeline().target.chat_template
+
+    @property
     def n_ctx(self) -> int:
         return self._pipeline().ctx.n_ctx // max(1, self.options.n_seq)
 
@@ -231,7 +199,8 @@ class Generator(OpenAIMethods):
         with self._owner.reading():   # close() does not free the model under the tokenizer
             return self._tokenize(self._pipeline().target, prompt, chat)
 
-    def _tokenize(self, target, prompt: Prompt, chat: bool | None) -> list[int]:
+    def _tokenize(self, target, prompt: Prompt, chat: bool | None, tools: "ToolPlan | None" = None) -> list[int]:
+        """tools: the plan that renders the request's tools (in the template, or as its fallback)."""
         from llamaspec.openai_format import parse_messages   # the one message parser (server, batch too)
 
         if isinstance(prompt, Request):
@@ -242,6 +211,9 @@ class Generator(OpenAIMethods):
             chat = self.chat if chat is None else chat
             use_chat = chat if chat is not None else target.chat_template is not None
             if not use_chat:
+                if tools is not None:
+                    raise UsageError("tools need chat mode (the chat template renders them)",
+                                     "drop --raw / chat=False, or send chat messages")
                 if self.system:
                     raise UsageError("--system needs chat mode", "drop --raw, or put the system text in the prompt")
                 return target.tokenize_prompt(prompt)
@@ -251,30 +223,43 @@ class Generator(OpenAIMethods):
             messages = parse_messages(prompt)
             if self.system and not any(m.get("role") == "system" for m in messages):
                 messages.insert(0, {"role": "system", "content": self.system})
-        return target.tokenize_prompt(target.chat_prompt(messages))
+        if tools is None:
+            return target.tokenize_prompt(target.chat_prompt(messages))
+        return target.tokenize_prompt(target.chat_prompt(tools.messages(messages), tools=tools.template_tools))
 
-    def _config(self, req: Request):
+    def _config(self, req: Request, structured=None):
         """The engine's config for one request: its own settings over the Generator's, validated
-        (SamplingParams and the checks of GenerationOptions; errors name the field)."""
+        (SamplingParams and the checks of GenerationOptions; errors name the field). structured:
+        its checked grammar, logit bias and logprobs (constraints.py; made here when not given)."""
+        from llamaspec.constraints import constraints
         from llamaspec.generation_options import check_max_tokens, check_stop
 
         overrides = {k: getattr(req, k) for k in Request.SAMPLING if getattr(req, k) is not None}
         sampling = replace(self.sampling, **overrides) if overrides else self.sampling
         max_tokens = self.max_tokens if req.max_tokens is None else check_max_tokens(req.max_tokens)
         stop = list(self.stop if req.stop is None else check_stop(req.stop))
-        return self._pipeline().config(max_tokens=max_tokens, sampling=sampling, stop=stop,
-                                   ignore_eos=bool(req.ignore_eos))
+        pipeline = self._pipeline()
+        if structured is None:
+            structured = constraints(req, pipeline.target, self.generation_options.grammar, self.chat_template)
+        return pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop, ignore_eos=bool(req.ignore_eos),
+                               **structured.config_fields())
 
-    def _prepare(self, req: Request):
-        """(tokens, config) of a request, or the UsageError that says why it cannot run."""
+    def _prepare(self, req: Request) -> Prepared:
+        """(tokens, config, tool plan) of a request, or the UsageError that says why it cannot run."""
+        from llamaspec.constraints import constraints
+
         for name, kind in (("id", str), ("chat", bool)):
             if getattr(req, name) is not None and not isinstance(getattr(req, name), kind):
                 raise UsageError(f"{name} must be {'a string' if kind is str else 'True or False'} or None, "
                                  f"not {getattr(req, name)!r}")
-        tokens, config = self.tokenize(req.prompt, req.chat), self._config(req)
+        with self._owner.reading():   # close() does not free the model meanwhile
+            target = self._pipeline().target
+            structured = constraints(req, target, self.generation_options.grammar, target.chat_template)
+            tokens = self._tokenize(target, req.prompt, req.chat, structured.plan)
+        config = self._config(req, structured)
         if len(tokens) > self.n_ctx:
             raise prompt_too_long(len(tokens), self.n_ctx, self.options.n_ctx)
-        return tokens, config
+        return Prepared(tokens, config, structured.plan if structured.calls else None)
 
     def generate(self, prompt: Prompt | Request, *, on_text: Callable[[str, bool, str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, stream: bool = False,
@@ -289,13 +274,13 @@ class Generator(OpenAIMethods):
             raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}")
         req = prompt if isinstance(prompt, Request) else Request(prompt)
         req = replace(req, **fields) if fields else req
-        tokens, config = self._prepare(req)
+        tokens, config, tools = self._prepare(req)
         if stream:
             from llamaspec.streaming import TextStream
 
             if should_stop is not None:
                 raise UsageError("should_stop is for generate without stream", "stop iterating the stream instead")
-            return TextStream(self._pipeline().engine, tokens, config, lambda g: self._result(req.id or "0", g),
+            return TextStream(self._pipeline().engine, tokens, config, lambda g: self._result(req.id or "0", g, tools),
                               on_text, owner=self._owner)
         asked, closed = [], []   # should_stop said stop: a normal end, not an interrupt
 
@@ -314,7 +299,7 @@ class Generator(OpenAIMethods):
             self._owner.release()
         if closed:
             self._owner.check()
-        result = self._result(req.id or "0", gen)
+        result = self._result(req.id or "0", gen, tools)
         if gen.stop_reason == "interrupted" and not asked:   # the engine caught a KeyboardInterrupt
             raise GenerationInterrupted(result)
         return result
@@ -332,15 +317,20 @@ class Generator(OpenAIMethods):
                              f"not {n!r}")
 
         failed: list[Result] = []  # prompts that could not be tokenized, reported in turn
+        plans: dict[str, "ToolPlan"] = {}   # key -> the tool plan its reply is parsed with
 
         def jobs():
             for i, p in enumerate(prompts):
                 req = p if isinstance(p, Request) else Request(p)
                 key = req.id if req.id is not None else str(i)
                 try:
-                    yield (key, *self._prepare(req))
+                    tokens, config, tools = self._prepare(req)
                 except LlamaspecError as e:
                     failed.append(self._failure(key, e))
+                    continue
+                if tools is not None:
+                    plans[key] = tools
+                yield key, tokens, config
 
         def stop() -> bool:
             return self._owner.closed or (should_stop is not None and should_stop())
@@ -351,7 +341,8 @@ class Generator(OpenAIMethods):
             for key, gen in runs:
                 yield from failed
                 failed.clear()
-                yield self._failure(key, gen) if isinstance(gen, LlamaspecError) else self._result(key, gen)
+                tools = plans.pop(key, None)
+                yield self._failure(key, gen) if isinstance(gen, LlamaspecError) else self._result(key, gen, tools)
                 self._owner.check()
         except GenerationInterrupted:
             raise
@@ -367,7 +358,9 @@ class Generator(OpenAIMethods):
     def _failure(key: str, error: LlamaspecError) -> Result:
         return Result(key, "", [], "error", "error", 0, {}, error)
 
-    def _result(self, key: str, gen) -> Result:
+    def _result(self, key: str, gen, tools: "ToolPlan | None" = None) -> Result:
+        """The Result of a finished generation; tools: the plan its calls are parsed with."""
+        from llamaspec.constraints import tool_reply
         from llamaspec.speculative.report import generation_dict
 
         stats = generation_dict(gen, spec_type=self.spec_label, draft_model=self.resolved.draft_ref,
@@ -375,8 +368,11 @@ class Generator(OpenAIMethods):
         for k in ("text", "tokens", "stop_reason"):
             stats.pop(k, None)
         stats["tuned"] = self.tuned   # the stored `tune` configuration applied, or None
-        return Result(key, gen.text, gen.tokens, finish_reason(gen.stop_reason), gen.stop_reason,
-                      gen.n_prompt, stats)
+        content, calls, finish = gen.text, None, finish_reason(gen.stop_reason)
+        if tools is not None:
+            content, calls, finish = tool_reply(tools, gen.text, finish)
+        return Result(key, gen.text, gen.tokens, finish, gen.stop_reason, gen.n_prompt, stats,
+                      logprobs=gen.logprobs, tool_calls=calls, content=content)
 
     # -- life cycle ----------------------------------------------------------------------------
     def _pipeline(self):

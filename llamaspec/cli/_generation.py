@@ -1,5 +1,6 @@
-"""The options of a generation, shared by `run` and `batch` (declared once): the command gets them
-as `gen`, one `GenerationOptions` (llamaspec/generation_options.py) for `Generator.from_options`."""
+"""The options of a generation, shared by `run`, `chat`, `batch` and `serve` (declared once): the
+command gets them as `gen`, one `GenerationOptions` (llamaspec/generation_options.py) for
+`Generator.from_options`; --grammar / -j and their file forms become its `grammar`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from llamaspec.cli._options import (
-    CTX_SIZE_CHECK, AmxOpt, ChatOpt, DraftMaxOpt, DraftPMinOpt, FixedDraftOpt, ForceDraftOpt, OfflineOpt,
-    ThreadsOpt, _flag_group, at_least, check_draft_exists, draft_length, in_range,
+    CTX_SIZE_CHECK, AmxOpt, ChatOpt, DraftMaxOpt, DraftPMinOpt, FixedDraftOpt, ForceDraftOpt, GrammarFileOpt,
+    GrammarOpt, JsonSchemaFileOpt, JsonSchemaOpt, OfflineOpt, ThreadsOpt, _flag_group, at_least, check_draft_exists,
+    draft_length, grammar_flags, in_range,
 )
 from llamaspec.errors import UsageError
 from llamaspec.speculative.options import spec_type_help  # the spec-type table; no llama_cpp import
@@ -125,7 +127,8 @@ def _generation_options(**v: Any) -> "GenerationOptions":
         search=tuple(v["search"] or ()), offline=v["offline"], ctx_size=v["ctx_size"], threads=v["threads"],
         n_gpu_layers=v["ngl"], n_gpu_layers_draft=v["ngld"], amx=v["amx"], sampling=sampling,
         max_tokens=v["n_predict"], stop=tuple(v["stop"] or ()), chat=v["chat"], system=v["system"],
-        spec_replace=tuple(spec_replace))
+        spec_replace=tuple(spec_replace),
+        grammar=grammar_flags(v["grammar"], v["grammar_file"], v["json_schema"], v["json_schema_file"]))
 
 
 # run and batch: the command gets `gen`, a GenerationOptions (the model, ngram and parallel apart).
@@ -139,6 +142,8 @@ generation_flags = _flag_group("gen", {
     "ngl": (NglOpt, None), "ngld": (NgldOpt, None), "amx": (AmxOpt, None), "chat": (ChatOpt, None),
     "system": (SystemOpt, None), "offline": (OfflineOpt, False), "force_draft": (ForceDraftOpt, False),
     "search": (SearchOpt, None), "spec_replace": (SpecReplaceOpt, None),
+    "grammar": (GrammarOpt, None), "grammar_file": (GrammarFileOpt, None), "json_schema": (JsonSchemaOpt, None),
+    "json_schema_file": (JsonSchemaFileOpt, None),
 }, _generation_options)
 
 

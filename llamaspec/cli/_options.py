@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
@@ -155,6 +156,69 @@ def read_prompt_file(path: Path) -> str:
         raise InputError(f"prompt file is a directory: {path}", "give -f a text file") from None
     except UnicodeDecodeError:
         raise InputError(f"prompt file is not UTF-8 text: {path}", "give a text file") from None
+
+
+# ---- constrained output: llama.cpp's --grammar, --grammar-file, -j/--json-schema, -jf/--json-schema-file
+
+GrammarOpt = Annotated[Optional[str], typer.Option(
+    "--grammar", metavar="GBNF", help="Constrain the output to a GBNF grammar (llama.cpp's format), "
+    "e.g. 'root ::= \"yes\" | \"no\"'.")]
+GrammarFileOpt = Annotated[Optional[Path], typer.Option(
+    "--grammar-file", metavar="FILE", help="Read the GBNF grammar from FILE.")]
+JsonSchemaOpt = Annotated[Optional[str], typer.Option(
+    "-j", "--json-schema", metavar="SCHEMA", help="Constrain the output to JSON that matches this JSON schema "
+    "('{}': any JSON value); converted to a grammar by llama.cpp's converter.")]
+JsonSchemaFileOpt = Annotated[Optional[Path], typer.Option(
+    "-jf", "--json-schema-file", metavar="FILE", help="Read the JSON schema from FILE.")]
+
+GRAMMAR_FLAGS = {"grammar": "--grammar", "grammar_file": "--grammar-file", "json_schema": "-j/--json-schema",
+                 "json_schema_file": "-jf/--json-schema-file"}
+
+
+def _read_flag_file(path: Path, flag: str) -> str:
+    """A --grammar-file / -jf file's text; one line naming the flag when it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{flag}: file not found: {path}", f"check the path given to {flag}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{flag}: {path} is a directory", f"give {flag} a file") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{flag}: {path} is not UTF-8 text", f"give {flag} a text file") from None
+    except OSError as e:
+        raise UsageError(f"{flag}: cannot read {path}: {e.strerror or e}", "check the file's permissions") from None
+
+
+def grammar_flags(grammar: str | None, grammar_file: Path | None, json_schema: str | None,
+                  json_schema_file: Path | None):
+    """The GrammarSpec of the one grammar flag given (None: none given), its `field` the flag, so
+    an error later (llama.cpp refusing the grammar) names it too. Schemas are converted here,
+    before any model loads; a GBNF grammar compiles when the model is loaded (it needs the vocabulary)."""
+    given = {name: value for name, value in zip(GRAMMAR_FLAGS, (grammar, grammar_file, json_schema, json_schema_file))
+             if value is not None}
+    if len(given) > 1:
+        a, b = (GRAMMAR_FLAGS[n] for n in list(given)[:2])
+        raise UsageError(f"{a} and {b} given: the output takes one grammar",
+                         "keep one of --grammar, --grammar-file, -j/--json-schema, -jf/--json-schema-file")
+    if not given:
+        return None
+    from llamaspec.runtime.grammar import GrammarSpec, grammar_from_schema
+
+    (name, value), = given.items()
+    flag = GRAMMAR_FLAGS[name]
+    text = _read_flag_file(value, flag) if name.endswith("_file") else value
+    gbnf = name.startswith("grammar")
+    if not text.strip():
+        raise UsageError(f"{flag} is empty", f"give {flag} " + ('a GBNF grammar, e.g. root ::= "yes" | "no"' if gbnf
+                                                              else "a JSON schema, e.g. '{\"type\": \"object\"}'"))
+    if gbnf:
+        return GrammarSpec(text, field=flag)
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{flag} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})",
+                         "give a JSON schema object ('{}': any JSON value); quote it for the shell") from None
+    return grammar_from_schema(schema, field=flag)
 
 
 # ---- flag groups ---------------------------------------------------------------------------------

@@ -203,8 +203,10 @@ def _requested(ident: dict, gen: GenerationOptions, ngram: NgramParams) -> dict:
     from dataclasses import asdict
 
     s = gen.sampling
-    # presence/frequency penalties only when on: a job started before they existed resumes as it was
-    penalties = {k: getattr(s, k) for k in ("presence_penalty", "frequency_penalty") if getattr(s, k)}
+    # penalties and a grammar only when set: a job started before they existed resumes as it was
+    optional = {k: getattr(s, k) for k in ("presence_penalty", "frequency_penalty") if getattr(s, k)}
+    if gen.grammar is not None:
+        optional["grammar"] = gen.grammar.gbnf
     draft = None if gen.draft is None else str(gen.draft)
     if draft is not None and os.path.exists(draft):
         draft = os.path.abspath(draft)
@@ -214,7 +216,7 @@ def _requested(ident: dict, gen: GenerationOptions, ngram: NgramParams) -> dict:
             "adaptive": gen.adaptive, "ctx_size": gen.ctx_size, "temperature": s.temperature, "top_k": s.top_k,
             "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty, "repeat_last_n": s.repeat_last_n,
             "seed": s.seed, "max_tokens": gen.max_tokens, "stop": list(gen.stop), "chat": gen.chat,
-            "system": gen.system, "ngram": asdict(ngram), **penalties}
+            "system": gen.system, "ngram": asdict(ngram), **optional}
 
 
 class _Progress:

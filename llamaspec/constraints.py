@@ -1,0 +1,141 @@
+"""A request's structured-output fields, checked, as the engine takes them: its grammar (GBNF,
+a JSON schema, or the tool plan's), logit bias and logprobs; and the reply's tool calls.
+
+Errors name the field (`json_schema: 'minimum' ... is not supported`), before any generation:
+a grammar is compiled once against the target here, so a bad one never reaches the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+from llamaspec.errors import UsageError
+
+if TYPE_CHECKING:
+    from llamaspec.openai.tools import ToolPlan
+    from llamaspec.request import Request
+    from llamaspec.runtime.grammar import GrammarSpec
+
+MAX_LOGPROBS = 20   # OpenAI's top_logprobs limit
+BIAS_LIMIT = 100    # OpenAI's logit_bias range: -100..100
+
+
+def grammar_of(grammar: Any, json_schema: Any, *, grammar_field: str = "grammar",
+               schema_field: str = "json_schema") -> "GrammarSpec | None":
+    """The GrammarSpec of a GBNF text (or a GrammarSpec as is) or a JSON schema; None when neither.
+    Both given is a UsageError; a schema the converter cannot take a GrammarError naming its field."""
+    from llamaspec.runtime.grammar import GrammarSpec, grammar_from_schema
+
+    if grammar is not None and json_schema is not None:
+        raise UsageError(f"give {grammar_field} or {schema_field}, not both",
+                         f"a JSON schema is a grammar already: keep {schema_field}, or write it all as GBNF")
+    if isinstance(grammar, GrammarSpec):
+        return grammar
+    if grammar is not None:
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise UsageError(f"{grammar_field} must be a GBNF grammar (non-empty text), not {grammar!r:.60}",
+                             'e.g. root ::= "yes" | "no"')
+        return GrammarSpec(grammar, field=grammar_field)
+    if json_schema is None:
+        return None
+    return grammar_from_schema(json_schema, field=schema_field)
+
+
+GBNF_HINT = "check the GBNF syntax (llama.cpp's grammars/README.md), e.g. root ::= \"yes\" | \"no\""
+
+
+def check_compiles(target, spec: "GrammarSpec") -> None:
+    """Compile `spec` once against the target's vocabulary: a GrammarError naming its field (and
+    what to do) when llama.cpp refuses it."""
+    from llamaspec.runtime.grammar import GrammarError, check_grammar
+
+    try:
+        check_grammar(target, spec)
+    except GrammarError as e:
+        e.hint = e.hint or GBNF_HINT
+        raise
+
+
+def check_logit_bias(bias: Any, n_vocab: int, name: str = "logit_bias") -> dict[int, float] | None:
+    """{token id: bias} with ids in the vocabulary and biases in -100..100 (OpenAI's range; -100
+    bans, -inf too); keys may be id strings, as JSON gives them."""
+    if bias is None:
+        return None
+    if not isinstance(bias, Mapping):
+        raise UsageError(f"{name} must map token ids to biases, not {type(bias).__name__}", '{"15339": -100}')
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        tok = key if isinstance(key, int) and not isinstance(key, bool) else None
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            tok = int(key)
+        if tok is None or not 0 <= tok < n_vocab:
+            raise UsageError(f"{name}: {key!r} is not a token id of this model (0 to {n_vocab - 1})",
+                             "tokenize the text to find its ids")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            -BIAS_LIMIT <= value <= BIAS_LIMIT or value == -math.inf)
+        if not ok:
+            raise UsageError(f"{name}[{key}] must be a number from -{BIAS_LIMIT} to {BIAS_LIMIT}, not {value!r}",
+                             "-100 bans the token, 100 all but forces it")
+        out[tok] = float(value)
+    return out or None
+
+
+def check_logprobs(n: Any, name: str = "logprobs") -> int | None:
+    """The number of alternatives per token (0-20), or None (no logprobs)."""
+    if n is None:
+        return None
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS:
+        raise UsageError(f"{name} must be an integer from 0 to {MAX_LOGPROBS} (alternatives per token), not {n!r}",
+                         "0 gives each token's own logprob only")
+    return n
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What a request's structured fields became: the engine's settings and its tool plan.
+
+    plan: the tool plan that renders the prompt (tools given, even with tool_choice "none");
+    calls: whether the reply is parsed for tool calls (tools offered and tool_choice not "none").
+    """
+
+    grammar: "GrammarSpec | None" = None
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
+    plan: "ToolPlan | None" = None
+    calls: bool = False
+
+    def config_fields(self) -> dict[str, Any]:
+        """GenerationConfig's keyword arguments for what is set (speculative/sequence.py)."""
+        fields = {"grammar": self.grammar, "logit_bias": self.logit_bias, "logprobs": self.logprobs}
+        return {k: v for k, v in fields.items() if v is not None}
+
+
+def constraints(req: "Request", target, default: "GrammarSpec | None", template: str | None) -> Constraints:
+    """Check a request's grammar, json_schema, logit_bias, logprobs and tools against the target
+    (a runtime Model); `default` is the Generator's grammar (--grammar, -j), used when the request
+    sets none and offers no tools to call; `template` is the chat template the tools render with."""
+    own = grammar_of(req.grammar, req.json_schema)
+    plan = None
+    if req.tools is not None or req.tool_choice is not None or req.parallel_tool_calls is not None:
+        from llamaspec.openai.tools import plan_tools
+
+        plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, template)
+    calls = plan is not None and req.tool_choice != "none"
+    if calls and own is not None:
+        given = "grammar" if req.grammar is not None else "json_schema"
+        raise UsageError(f"{given} cannot constrain a reply that may call tools",
+                         'drop it, or set tool_choice "none" (the tools constrain their calls themselves)')
+    spec = own if own is not None else plan.grammar if calls else default
+    if spec is not None and spec is not default:   # (the default was compiled when the Generator loaded)
+        check_compiles(target, spec)
+    return Constraints(spec, check_logit_bias(req.logit_bias, target.n_vocab), check_logprobs(req.logprobs),
+                       plan, calls)
+
+
+def tool_reply(plan: "ToolPlan", text: str, finish: str) -> tuple[str | None, list[dict], str]:
+    """(content, tool_calls, finish_reason) of a reply to a request that offered tools: OpenAI's
+    finish_reason is "tool_calls" when the reply made calls and ended by itself."""
+    content, calls = plan.parse(text)
+    return content, calls, "tool_calls" if calls and finish == "stop" else finish
