@@ -177,9 +177,66 @@ def _strftime_now(fmt: str) -> str:
 
 def render(template: str, messages: list[dict[str, Any]], *, source: str, bos_token: str = "",
            eos_token: str = "", add_generation_prompt: bool = True, time_limit: float | None = None,
-           **extra: Any) -> str:
+           tools: list[dict] | None = None, **extra: Any) -> str:
     """The prompt `template` makes of `messages`, or a ChatTemplateError naming `source`.
-    time_limit: seconds (default TIME_LIMIT), counted from the start of compiling, in any thread."""
+    time_limit: seconds (default TIME_LIMIT), counted from the start of compiling, in any thread.
+    tools: OpenAI's tools list for templates that render tools (None: the template's own default).
+    Assistant messages with tool_calls get content "" for None, and their arguments (a JSON
+    string in OpenAI's form) as an object when the template renders objects (llama.cpp's caps)."""
+    if any(m.get("tool_calls") for m in messages):
+        messages = _tool_call_messages(template, messages)
+    return _render(template, messages, source=source, bos_token=bos_token, eos_token=eos_token,
+                   add_generation_prompt=add_generation_prompt, time_limit=time_limit, tools=tools, **extra)
+
+
+def _tool_call_messages(template: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    objects = _wants_object_arguments(template)
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [_object_arguments(c) if objects else c for c in m["tool_calls"]]
+            m = {**m, "content": "" if m.get("content") is None else m["content"], "tool_calls": calls}
+        out.append(m)
+    return out
+
+
+def _object_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    fn = call.get("function")
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            return {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
+        except ValueError:
+            pass
+    return call
+
+
+_NEEDLE = {"argument_needle": "print('Hello, World!')"}
+_OBJECT_ARGS_CACHE: dict[str, bool] = {}
+
+
+def _wants_object_arguments(template: str) -> bool:
+    """Whether the template renders a call's arguments as JSON only when given an object (it
+    applies tojson or items to them), as minja's capability probe tells (llama.cpp then passes
+    objects): a render with the arguments as a string must not show the needle as a JSON key."""
+    if template not in _OBJECT_ARGS_CACHE:
+        def shows(args) -> bool:
+            call = {"id": "call00001", "type": "function", "function": {"name": "ipython", "arguments": args}}
+            msgs = [{"role": "user", "content": "Hey"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+            try:
+                out = _render(template, msgs, source="probe", add_generation_prompt=False, time_limit=1.0)
+            except ChatTemplateError:
+                return False
+            return '"argument_needle":' in out or "'argument_needle':" in out
+
+        _OBJECT_ARGS_CACHE[template] = not shows(json.dumps(_NEEDLE)) and shows(dict(_NEEDLE))
+        if len(_OBJECT_ARGS_CACHE) > 64:
+            _OBJECT_ARGS_CACHE.pop(next(iter(_OBJECT_ARGS_CACHE)))
+    return _OBJECT_ARGS_CACHE[template]
+
+
+def _render(template: str, messages: list[dict[str, Any]], *, source: str, bos_token: str = "",
+            eos_token: str = "", add_generation_prompt: bool = True, time_limit: float | None = None,
+            **extra: Any) -> str:
     import jinja2
     from jinja2.ext import loopcontrols
 
@@ -205,7 +262,7 @@ def render(template: str, messages: list[dict[str, Any]], *, source: str, bos_to
     context = dict(messages=messages, bos_token=bos_token, eos_token=eos_token,
                    add_generation_prompt=add_generation_prompt, raise_exception=_raise_exception,
                    strftime_now=_strftime_now, tools=None, functions=None, tool_choice=None, documents=None)
-    context.update(extra)
+    context.update({k: v for k, v in extra.items() if not (k == "tools" and v is None)})
     try:
         pieces, size = [], 0
         for piece in compiled.generate(**context):

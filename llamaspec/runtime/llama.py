@@ -186,9 +186,10 @@ class Model:
     def chat_template(self) -> str | None:
         return self.meta("tokenizer.chat_template")
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None, **template_vars) -> str:
         """Render messages with the model's own chat template (Jinja, as in the GGUF), sandboxed:
-        a template that fails or tries an unsafe operation is a ChatTemplateError naming the file."""
+        a template that fails or tries an unsafe operation is a ChatTemplateError naming the file.
+        tools (OpenAI's list) and template_vars reach the template (a ToolPlan's template_kwargs)."""
         from llamaspec.runtime.chat_template import render
 
         template = self.chat_template
@@ -196,7 +197,8 @@ class Model:
             raise ModelLoadError(f"{self.path.name} has no chat template", "use --raw for plain completion")
         return render(template, messages, source=str(self.path),
                       eos_token=self.token_text(self.eos) if self.eos >= 0 else "",
-                      bos_token=self.token_text(self.bos) if self.bos >= 0 else "", add_generation_prompt=True)
+                      bos_token=self.token_text(self.bos) if self.bos >= 0 else "", add_generation_prompt=True,
+                      tools=tools, **template_vars)
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokenize a full prompt, adding BOS only if the text does not already start with it."""

@@ -1,0 +1,116 @@
+"""The grammar of a reply that calls tools, per format, as llama.cpp's common/chat.cpp builds it.
+
+Each call is one JSON schema, {"name": {"const": NAME}, "arguments": PARAMETERS} (an anyOf of them
+when several functions may be called), converted once by llama.cpp's converter
+(runtime/grammar.grammar_from_schema); its rules are renamed with a prefix and wrapped in the
+format's envelope. So a call's arguments always validate against its function's `parameters`.
+
+"required" or a named function: the whole reply is calls. "auto": the same grammar, lazy: the
+reply is free until its text matches a trigger pattern (llama.cpp's grammar_lazy_patterns), and
+constrained from the pattern's first group on. A pattern matches the grammar's own whitespace
+exactly (the converter's `space` is one optional space): llama.cpp replays the triggering text
+into the grammar unchecked, and text the grammar refuses there would abort the process.
+The generic format is never lazy (llama.cpp's generic handler): its reply is always one JSON
+object, {"response": "..."} being the answer without a call.
+"""
+
+from __future__ import annotations
+
+import re
+
+from llamaspec.openai.tool_formats import GENERIC, HERMES, HERMES_CLOSE, HERMES_OPEN, LLAMA3, MISTRAL, MISTRAL_MARK, PYTHON_TAG
+from llamaspec.runtime.grammar import GrammarSpec, grammar_from_schema
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\{[^}]*\}|#[^\n]*|([a-zA-Z_][a-zA-Z0-9_-]*)', re.S)
+
+
+def prefix_rules(gbnf: str, prefix: str) -> str:
+    """GBNF text with every rule name (definitions and references) prefixed: literals, character
+    classes, repetition counts and comments are left alone."""
+    return _TOKEN.sub(lambda m: prefix + m.group(1) if m.group(1) else m.group(0), gbnf)
+
+
+def _gbnf(schema: dict, field: str, prefix: str) -> str:
+    return prefix_rules(grammar_from_schema(schema, field).gbnf, prefix)
+
+
+def _one_of(schemas: list[dict]) -> dict:
+    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+
+
+def call_schema(fn: dict, args_key: str = "arguments", with_id: bool = False) -> dict:
+    props = {"name": {"const": fn["name"]}, args_key: fn["parameters"]}
+    required = ["name", args_key]
+    if with_id:   # Mistral Nemo's template wants nine alphanumerics
+        props["id"] = {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}
+        required.append("id")
+    return {"type": "object", "properties": props, "required": required}
+
+
+def _escape(literal: str) -> str:
+    return '"' + literal.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def tool_grammar(fmt: str, functions: list[dict], *, required: bool, parallel: bool,
+                 builtins: tuple[str, ...] = (), field: str = "tools") -> GrammarSpec:
+    """The grammar for calling one of `functions` (each {"name", "parameters"}) in format `fmt`."""
+    if fmt == GENERIC:
+        return _generic(functions, required, parallel, field)
+    if fmt == HERMES:
+        body = _gbnf(_one_of([call_schema(f) for f in functions]), field, "tc-")
+        call = f'{_escape(HERMES_OPEN)} tool-ws tc-root tool-ws {_escape(HERMES_CLOSE)}'
+        rules = [f"root ::= tool-call{' ( tool-ws tool-call )*' if parallel else ''}",
+                 f"tool-call ::= {call}", 'tool-ws ::= [ \\n]{0,2}']
+        triggers = [f"({re.escape(HERMES_OPEN)})"]
+    elif fmt == LLAMA3:
+        customs = [f for f in functions if f["name"] not in builtins]
+        alts, rules = [], []
+        if customs:
+            rules.append(_gbnf(_one_of([call_schema(f, "parameters") for f in customs]), field, "tc-"))
+            alts.append("tc-root")
+        for k, f in enumerate(f for f in functions if f["name"] in builtins):
+            alts.append(_builtin_rule(f, k, field, rules))
+        rules.insert(0, f"root ::= {' | '.join(alts)}")
+        body = ""
+        names = "|".join(f["name"] for f in customs)   # ([a-zA-Z0-9_-]: nothing to escape)
+        tag = re.escape(PYTHON_TAG)
+        triggers = [f'^\\s*(?:{tag}\\s*)?(\\{{ ?"name" ?: ?"(?:{names})")[\\s\\S]*$'] if customs else []
+        if builtins and len(customs) < len(functions):
+            triggers.append(f"({re.escape(PYTHON_TAG)})")
+    elif fmt == MISTRAL:
+        array = {"type": "array", "items": _one_of([call_schema(f, with_id=True) for f in functions]), "minItems": 1}
+        if not parallel:
+            array["maxItems"] = 1
+        body = _gbnf(array, field, "tc-")
+        rules = [f"root ::= {_escape(MISTRAL_MARK)} tc-root"]
+        triggers = [f"({re.escape(MISTRAL_MARK)})"]
+    else:
+        raise ValueError(f"unknown tool-call format {fmt!r}")
+    gbnf = "\n".join(rules) + ("\n" + body if body else "") + "\n"
+    return GrammarSpec(gbnf, field=field, trigger_patterns=() if required else tuple(triggers))
+
+
+def _builtin_rule(fn: dict, k: int, field: str, rules: list[str]) -> str:
+    """Llama 3.1's `<|python_tag|>NAME.call(key=VALUE, ...)` for a builtin tool; its rules go into `rules`."""
+    kvs = []
+    for j, (key, schema) in enumerate(fn["parameters"].get("properties", {}).items()):
+        prefix = f"tb{k}-{j}-"
+        rules.append(_gbnf(schema, field, prefix))
+        kvs.append(f'"{key}=" {prefix}root')
+    args = ' ", " '.join(kvs)
+    name = f"tool-builtin-{k}"
+    rules.append(f'{name} ::= {_escape(PYTHON_TAG + fn["name"] + ".call(")} {args} ")"')
+    return name
+
+
+def _generic(functions: list[dict], required: bool, parallel: bool, field: str) -> GrammarSpec:
+    calls = _one_of([call_schema(f) for f in functions])
+    if parallel:
+        shape = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": calls, "minItems": 1}},
+                 "required": ["tool_calls"]}
+    else:
+        shape = {"type": "object", "properties": {"tool_call": calls}, "required": ["tool_call"]}
+    if not required:
+        answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
+        shape = {"anyOf": [shape, answer]}
+    return GrammarSpec(grammar_from_schema(shape, field).gbnf, field=field)
