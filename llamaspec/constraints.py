@@ -122,7 +122,7 @@ def constraints(req: "Request", target, default: "GrammarSpec | None", template:
         from llamaspec.openai.tools import plan_tools
 
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, template)
-    calls = plan is not None and req.tool_choice != "none"
+    calls = plan is not None and plan.choice != "none"
     if calls and own is not None:
         given = "grammar" if req.grammar is not None else "json_schema"
         raise UsageError(f"{given} cannot constrain a reply that may call tools",

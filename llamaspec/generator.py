@@ -225,7 +225,7 @@ class Generator(OpenAIMethods):
                 messages.insert(0, {"role": "system", "content": self.system})
         if tools is None:
             return target.tokenize_prompt(target.chat_prompt(messages))
-        return target.tokenize_prompt(target.chat_prompt(tools.messages(messages), tools=tools.template_tools))
+        return target.tokenize_prompt(target.chat_prompt(tools.messages(messages), **tools.template_kwargs))
 
     def _config(self, req: Request, structured=None):
         """The engine's config for one request: its own settings over the Generator's, validated

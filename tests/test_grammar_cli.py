@@ -253,3 +253,39 @@ def test_the_generators_grammar_is_the_default_a_requests_own_wins(smollm2_f16):
         Generator(smollm2_f16, threads=1, grammar="root ::= foo")
     with pytest.raises(UsageError, match="not both"):
         Generator(smollm2_f16, threads=1, grammar='root ::= "a"', json_schema={})
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+@pytest.mark.real
+def test_tools_render_constrain_and_parse_through_generate(gen):
+    """SmolLM2's template takes no tools: the generic form (a system prompt, JSON calls)."""
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    one = {"tools": [WEATHER], "parallel_tool_calls": False}   # (SmolLM2 repeats parallel calls to the limit)
+    r = gen.generate(ask, tool_choice="required", **one)
+    assert r.finish_reason == "tool_calls" and r.stop_reason == "eos" and len(r.tool_calls) == 1
+    for call in r.tool_calls:
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        assert call["function"]["name"] == "get_weather"
+        jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])
+    assert gen.tokenize(ask) != gen._prepare(gen._request({"prompt": ask, "tools": [WEATHER]})).tokens
+    streamed = gen.generate(ask, tool_choice="required", stream=True, **one)
+    assert "".join(streamed) == r.text
+    assert [c["function"] for c in streamed.result.tool_calls] == [c["function"] for c in r.tool_calls]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    (m,) = gen.generate_many([gen._request({"prompt": ask, "tool_choice": named, "id": "t", **one})])
+    assert m.finish_reason == "tool_calls" and [c["function"] for c in m.tool_calls] == [c["function"] for c in r.tool_calls]
+    # "none": the tools are described, the reply is text (and may take a schema)
+    r = gen.generate(ask, tools=[WEATHER], tool_choice="none", json_schema={"type": "object"}, max_tokens=16)
+    assert r.tool_calls is None and r.content == r.text and isinstance(json.loads(r.text), dict)
+    for kw, what in (({"json_schema": {}}, "json_schema cannot constrain a reply that may call tools"),
+                     ({"grammar": 'root ::= "a"', "tool_choice": "auto"}, "grammar cannot constrain"),
+                     ({"chat": False}, "tools need chat mode")):
+        with pytest.raises(UsageError, match=what):
+            gen.generate(ask if kw.get("chat") is not False else "hi", tools=[WEATHER], **kw)
+    with pytest.raises(UsageError, match=r"tools\[0\].function must be an object"):
+        gen.generate(ask, tools=[{"type": "function"}])
