@@ -1,6 +1,6 @@
 """What llama-cpp-python users type, on a `Generator`: `create_chat_completion`,
 `create_completion` and `__call__`, returning the OpenAI dicts that `llamaspec serve` sends (the
-same builders, llamaspec/openai_format.py), or with `stream=True` an iterator of chunks.
+same builders, llamaspec/openai/responses.py), or with `stream=True` an iterator of chunks.
 
     with Generator("model.gguf", temperature=0) as llm:
         out = llm.create_chat_completion([{"role": "user", "content": "Hi"}], max_tokens=32)
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from llamaspec import openai_format as oa
+from llamaspec.openai import requests as oa_req, responses as oa_resp
 
 
 class OpenAIMethods:
@@ -48,7 +48,7 @@ class OpenAIMethods:
             reasoning_effort: str | None = None, web_search_options: Any = None) -> dict | Iterator[dict]:
         """A `chat.completion` dict (or, with stream=True, `chat.completion.chunk` dicts)."""
         args = dict(locals())
-        return self._openai(oa.parse_chat(_body(args, "messages")))
+        return self._openai(oa_req.parse_chat(_body(args, "messages")))
 
     def create_completion(
             self, prompt: str, suffix: str | None = None, max_tokens: int | None = None,
@@ -65,34 +65,34 @@ class OpenAIMethods:
         """A `text_completion` dict for raw text (no chat template), or its chunks with stream=True.
         max_tokens left out: the Generator's (no limit by default; llama-cpp-python's 16 is not copied)."""
         args = dict(locals())
-        return self._openai(oa.parse_completion(_body(args, "prompt")))
+        return self._openai(oa_req.parse_completion(_body(args, "prompt")))
 
     # As llama-cpp-python's `Llama.__call__`: `create_completion`, with its signature.
     __call__ = create_completion
 
-    def _openai(self, parsed: "oa.Parsed") -> dict | Iterator[dict]:
+    def _openai(self, parsed: "oa_req.Parsed") -> dict | Iterator[dict]:
         req = self._request(parsed.fields)
-        rid, created, model = oa.new_id(parsed.kind), oa.now(), self.model_name
+        rid, created, model = oa_resp.new_id(parsed.kind), oa_resp.now(), self.model_name
         if not parsed.stream:
             result = self.generate(req)
-            build = oa.chat_completion if parsed.kind == oa.CHAT else oa.text_completion
+            build = oa_resp.chat_completion if parsed.kind == oa_req.CHAT else oa_resp.text_completion
             return build(result, id=rid, model=model, created=created,
-                         timings=oa.timings(result, result.stats.get("n_prompt_cached", 0)))
+                         timings=oa_resp.timings(result, result.stats.get("n_prompt_cached", 0)))
         return self._chunks(parsed, self.generate(req, stream=True), rid, created, model)
 
     @staticmethod
-    def _chunks(parsed: "oa.Parsed", stream, rid: str, created: int, model: str) -> Iterator[dict]:
-        chat = parsed.kind == oa.CHAT
+    def _chunks(parsed: "oa_req.Parsed", stream, rid: str, created: int, model: str) -> Iterator[dict]:
+        chat = parsed.kind == oa_req.CHAT
         common = dict(id=rid, model=model, created=created, include_usage=parsed.include_usage)
         if chat:
-            yield oa.chat_chunk(role=True, **common)
+            yield oa_resp.chat_chunk(role=True, **common)
         for piece in stream:
-            yield oa.chat_chunk(content=piece, **common) if chat else oa.completion_chunk(text=piece, **common)
+            yield oa_resp.chat_chunk(content=piece, **common) if chat else oa_resp.completion_chunk(text=piece, **common)
         result = stream.result
-        end = oa.chat_chunk if chat else oa.completion_chunk
+        end = oa_resp.chat_chunk if chat else oa_resp.completion_chunk
         yield end(finish_reason=result.finish_reason, **common)
         if parsed.include_usage:
-            yield end(id=rid, model=model, created=created, usage=oa.result_usage(result))
+            yield end(id=rid, model=model, created=created, usage=oa_resp.result_usage(result))
 
 
 # llama-cpp-python's arguments that would change the output and are not implemented, with the test
@@ -114,7 +114,7 @@ def _body(args: dict[str, Any], first: str) -> dict[str, Any]:
     for name, neutral in LLAMA_CPP_PYTHON_UNSUPPORTED.items():
         if args.get(name) is not None and not neutral(args[name]):
             shown = type(args[name]).__name__ if name in OBJECTS else repr(args[name])[:40]
-            raise oa.RequestError(f"{name} is not supported (got {shown}): llamaspec samples with penalties, "
+            raise oa_req.RequestError(f"{name} is not supported (got {shown}): llamaspec samples with penalties, "
                                   f"top_k, top_p, min_p and temperature only; leave it out"
                                   + (f" or pass {NEUTRAL[name]}" if name in NEUTRAL else ""), name)
     body = {k: v for k, v in args.items() if v is not None and k not in LLAMA_CPP_PYTHON_UNSUPPORTED}

@@ -20,8 +20,9 @@ ALLOWED = {
     "pairing": {"errors", "gguf", "hub"},
     "runtime": {"errors", "gguf"},
     "speculative": {"errors", "gguf", "runtime"},
-    # OpenAI's wire format (request fields, response objects): pure, shared by batch, serve, the API
-    "format": {"errors"},
+    # OpenAI's wire format (llamaspec/openai/: request fields, response objects, tools), shared by
+    # batch, serve and the API; runtime for the grammars (runtime/grammar.py) its fields compile to
+    "format": {"errors", "runtime"},
     "batch": {"errors", "format"},
     # batch --ray's executor (batch/ray_executor.py): Generators on Ray actors, so above the API
     "batch_ray": {"errors", "api"},
@@ -31,7 +32,7 @@ ALLOWED = {
     "cli": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "api", "batch", "batch_ray", "bench", "tune", "serve", "format"},
     "api": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "tune", "format"},
     "testing": {"errors", "gguf", "hub", "runtime"},
-    # the HTTP server: above the Python API (Generator, openai_format), below the CLI
+    # the HTTP server: above the Python API (Generator, llamaspec/openai/), below the CLI
     "serve": {"errors", "gguf", "hub", "pairing", "runtime", "speculative", "tune", "api", "format"},
 }
 # the engine and everything below it never reach up into measurement or tuning
@@ -53,7 +54,7 @@ def _layer(module: str) -> str:
     if len(parts) == 1:
         return "api"
     # a top-level module (generator.py, resolve.py, ...) is the public API, a package its own layer
-    top = {"__main__": "cli", "_version": "errors", "errors": "errors", "openai_format": "format", "openai_unsupported": "format"}
+    top = {"__main__": "cli", "_version": "errors", "errors": "errors", "openai": "format"}
     return top.get(parts[1], "api" if (PKG / f"{parts[1]}.py").is_file() else parts[1])
 
 

@@ -1,4 +1,4 @@
-"""One rule for `stop` (openai_format.parse_stop), wherever a stop comes in: a request body (the
+"""One rule for `stop` (openai.fields.parse_stop), wherever a stop comes in: a request body (the
 server and create_chat_completion / create_completion), a batch line (both forms), the Python API
 (Request, GenerationOptions) and `--stop`. A string or a list of strings; empty strings dropped, as
 OpenAI does; anything else refused naming the field, in the caller's own error type."""
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from llamaspec import openai_format as oa
+from llamaspec.openai import requests as oa_req
 from llamaspec.batch import LineError, parse_requests
 from llamaspec.batch import Request as LineRequest
 from llamaspec.errors import UsageError
@@ -29,9 +29,9 @@ def _line(stop, form: str) -> LineRequest | LineError:
 
 def _every_way(stop) -> dict[str, object]:
     """The stop strings each way in makes of `stop` (None in a request: no stop of its own)."""
-    return {"parse_stop": oa.parse_stop(stop),
-            "chat body": oa.parse_chat({"messages": MSG, "stop": stop}).fields["stop"] or [],
-            "completion body": oa.parse_completion({"prompt": "x", "stop": stop}).fields["stop"] or [],
+    return {"parse_stop": oa_req.parse_stop(stop),
+            "chat body": oa_req.parse_chat({"messages": MSG, "stop": stop}).fields["stop"] or [],
+            "completion body": oa_req.parse_completion({"prompt": "x", "stop": stop}).fields["stop"] or [],
             "batch line": _line(stop, "plain").stop,
             "batch OpenAI body": _line(stop, "openai").stop,
             "check_stop": list(check_stop(stop)),
@@ -51,12 +51,12 @@ def test_empty_and_list_with_empty_mean_what_the_empty_strings_leave():
 
 @pytest.mark.parametrize("stop", [[1], 7, ["a", None], {"a": 1}])
 def test_non_strings_are_refused_everywhere_naming_stop(stop):
-    with pytest.raises(oa.RequestError) as e:
-        oa.parse_stop(stop)
+    with pytest.raises(oa_req.RequestError) as e:
+        oa_req.parse_stop(stop)
     assert e.value.param == "stop" and e.value.message.startswith("stop must be a string or an array of strings")
-    for parse in (oa.parse_chat, oa.parse_completion):
-        body = {"messages": MSG} if parse is oa.parse_chat else {"prompt": "x"}
-        with pytest.raises(oa.RequestError) as e:
+    for parse in (oa_req.parse_chat, oa_req.parse_completion):
+        body = {"messages": MSG} if parse is oa_req.parse_chat else {"prompt": "x"}
+        with pytest.raises(oa_req.RequestError) as e:
             parse({**body, "stop": stop})
         assert e.value.param == "stop"
     for form in ("plain", "openai"):

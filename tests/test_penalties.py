@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from llamaspec import openai_format as oa
+from llamaspec.openai import requests as oa_req
 from llamaspec.batch import LineError, parse_requests
 from llamaspec.errors import UsageError
 from llamaspec.generator import Generator, Request
@@ -54,11 +54,11 @@ def test_flags_reach_the_generator(run_cli, tiny_models, generator_options):
 
 @pytest.mark.parametrize("field", FIELDS)
 def test_openai_bodies_parse_penalties(field):
-    for parse, body in ((oa.parse_chat, {"messages": [{"role": "user", "content": "x"}]}),
-                        (oa.parse_completion, {"prompt": "x"})):
+    for parse, body in ((oa_req.parse_chat, {"messages": [{"role": "user", "content": "x"}]}),
+                        (oa_req.parse_completion, {"prompt": "x"})):
         assert Request(**parse({**body, field: 0.5}).fields).__dict__[field] == 0.5
         assert parse(body).fields[field] is None   # absent: the Generator's own
-        with pytest.raises(oa.RequestError) as e:
+        with pytest.raises(oa_req.RequestError) as e:
             parse({**body, field: "high"})
         assert e.value.param == field and e.value.message == f"{field} must be a number, got string"
 

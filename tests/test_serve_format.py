@@ -1,4 +1,4 @@
-"""llamaspec/openai_format.py: the OpenAI objects it builds pass the official SDK's own types, and
+"""llamaspec/openai/ (requests.py, responses.py): the OpenAI objects it builds pass the official SDK's own types, and
 request bodies parse into Request fields or a 400 naming the field. No model needed."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from llamaspec import openai_format as fmt
+from llamaspec.openai import requests as oa_req, responses as oa_resp
 from llamaspec.generator import Request, Result
 
 IDS = dict(id="chatcmpl-1", model="m.gguf", created=1_700_000_000)
@@ -26,12 +26,13 @@ def _result(text="Hello there", finish="stop", n_prompt=7):
 
 
 def test_doctests():
-    assert doctest.testmod(fmt).failed == 0
+    from llamaspec.openai import fields, unsupported
+    assert all(doctest.testmod(m).failed == 0 for m in (oa_req, oa_resp, fields, unsupported))
 
 
 def test_chat_completion_is_an_sdk_chat_completion():
     r = _result()
-    obj = ChatCompletion.model_validate(fmt.chat_completion(r, **IDS, timings=fmt.timings(r, cache_n=2)))
+    obj = ChatCompletion.model_validate(oa_resp.chat_completion(r, **IDS, timings=oa_resp.timings(r, cache_n=2)))
     assert obj.choices[0].message.content == "Hello there"
     assert obj.choices[0].message.role == "assistant"
     assert obj.choices[0].finish_reason == "stop"
@@ -45,59 +46,59 @@ def test_chat_completion_is_an_sdk_chat_completion():
                                                           ("context", "length"), ("interrupted", "stop")])
 def test_finish_reasons_are_openai_values(engine_reason, openai_reason):
     # the SDK's type has a closed set of finish reasons: "context" would not validate
-    obj = ChatCompletion.model_validate(fmt.chat_completion(_result(finish=engine_reason), **IDS))
+    obj = ChatCompletion.model_validate(oa_resp.chat_completion(_result(finish=engine_reason), **IDS))
     assert obj.choices[0].finish_reason == openai_reason
-    obj = Completion.model_validate(fmt.text_completion(_result(finish=engine_reason), **IDS))
+    obj = Completion.model_validate(oa_resp.text_completion(_result(finish=engine_reason), **IDS))
     assert obj.choices[0].finish_reason == openai_reason
 
 
 def test_chat_chunks_are_sdk_chunks():
-    first = ChatCompletionChunk.model_validate(fmt.chat_chunk(**IDS, role=True, include_usage=True))
+    first = ChatCompletionChunk.model_validate(oa_resp.chat_chunk(**IDS, role=True, include_usage=True))
     assert first.choices[0].delta.role == "assistant" and first.choices[0].delta.content == ""
     assert first.usage is None and "usage" in first.model_fields_set
-    piece = ChatCompletionChunk.model_validate(fmt.chat_chunk(**IDS, content="Hel"))
+    piece = ChatCompletionChunk.model_validate(oa_resp.chat_chunk(**IDS, content="Hel"))
     assert piece.choices[0].delta.content == "Hel" and piece.choices[0].delta.role is None
     assert "usage" not in piece.model_fields_set   # without include_usage the key is absent
-    last = ChatCompletionChunk.model_validate(fmt.chat_chunk(**IDS, finish_reason="context",
+    last = ChatCompletionChunk.model_validate(oa_resp.chat_chunk(**IDS, finish_reason="context",
                                                              timings={"predicted_n": 3}))
     assert last.choices[0].finish_reason == "length" and last.choices[0].delta.content is None
-    usage = ChatCompletionChunk.model_validate(fmt.chat_chunk(**IDS, usage=fmt.usage(4, 2)))
+    usage = ChatCompletionChunk.model_validate(oa_resp.chat_chunk(**IDS, usage=oa_resp.usage(4, 2)))
     assert usage.choices == [] and usage.usage.total_tokens == 6
 
 
 def test_completion_objects_are_sdk_completions():
-    obj = Completion.model_validate(fmt.text_completion(_result(" 4, 5"), **IDS))
+    obj = Completion.model_validate(oa_resp.text_completion(_result(" 4, 5"), **IDS))
     assert obj.object == "text_completion" and obj.choices[0].text == " 4, 5"
     # a piece mid-stream has finish_reason null, as OpenAI streams it; the SDK's Completion type
     # (which the SDK also uses for stream pieces, unvalidated) only allows the final values
-    raw = fmt.completion_chunk(**IDS, text=" 4", include_usage=True)
+    raw = oa_resp.completion_chunk(**IDS, text=" 4", include_usage=True)
     assert raw["choices"][0]["finish_reason"] is None
     chunk = Completion.model_validate({**raw, "choices": [{**raw["choices"][0], "finish_reason": "stop"}]})
     assert chunk.choices[0].text == " 4" and chunk.usage is None and "usage" in chunk.model_fields_set
-    last = Completion.model_validate(fmt.completion_chunk(**IDS, finish_reason="length"))
+    last = Completion.model_validate(oa_resp.completion_chunk(**IDS, finish_reason="length"))
     assert last.choices[0].finish_reason == "length" and last.choices[0].text == ""
-    usage = Completion.model_validate(fmt.completion_chunk(**IDS, usage=fmt.usage(4, 2)))
+    usage = Completion.model_validate(oa_resp.completion_chunk(**IDS, usage=oa_resp.usage(4, 2)))
     assert usage.choices == [] and usage.usage.completion_tokens == 2
 
 
 def test_error_body_shape():
-    assert fmt.error_body("n is not supported", param="n") == {
+    assert oa_resp.error_body("n is not supported", param="n") == {
         "error": {"message": "n is not supported", "type": "invalid_request_error", "param": "n", "code": None}}
-    assert fmt.error_body("busy", status=503)["error"]["type"] == "server_error"
-    assert fmt.error_body("no key", status=401, code="invalid_api_key")["error"]["type"] == "authentication_error"
+    assert oa_resp.error_body("busy", status=503)["error"]["type"] == "server_error"
+    assert oa_resp.error_body("no key", status=401, code="invalid_api_key")["error"]["type"] == "authentication_error"
 
 
 def test_model_list():
     from openai.types import Model as SdkModel
 
-    body = fmt.model_list(["a.gguf"], 5)
+    body = oa_resp.model_list(["a.gguf"], 5)
     assert body["object"] == "list" and SdkModel.model_validate(body["data"][0]).id == "a.gguf"
 
 
 # ---- parsing -------------------------------------------------------------------------------------
 
 def test_chat_body_to_request_fields():
-    p = fmt.parse_chat({
+    p = oa_req.parse_chat({
         "model": "anything", "messages": [
             {"role": "developer", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}],
@@ -112,9 +113,9 @@ def test_chat_body_to_request_fields():
 
 
 def test_completion_body_is_raw_text():
-    p = fmt.parse_completion({"prompt": ["1, 2, 3,"], "max_tokens": 4})
+    p = oa_req.parse_completion({"prompt": ["1, 2, 3,"], "max_tokens": 4})
     assert p.fields["prompt"] == "1, 2, 3," and p.fields["chat"] is False and not p.stream
-    assert not fmt.parse_completion({"prompt": "x", "stream_options": {"include_usage": True}}).include_usage
+    assert not oa_req.parse_completion({"prompt": "x", "stream_options": {"include_usage": True}}).include_usage
 
 
 @pytest.mark.parametrize("field, value", [
@@ -123,8 +124,8 @@ def test_completion_body_is_raw_text():
     ("response_format", {"type": "json_object"}), ("logit_bias", {"1": 5}),
 ])
 def test_unsupported_fields_are_named(field, value):
-    with pytest.raises(fmt.RequestError) as e:
-        fmt.parse_chat({"messages": [{"role": "user", "content": "Hi"}], field: value})
+    with pytest.raises(oa_req.RequestError) as e:
+        oa_req.parse_chat({"messages": [{"role": "user", "content": "Hi"}], field: value})
     assert e.value.param == field and field in e.value.message
 
 
@@ -142,15 +143,15 @@ def test_unsupported_fields_are_named(field, value):
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
 ])
 def test_bad_chat_bodies_name_the_field(body, param):
-    with pytest.raises(fmt.RequestError) as e:
-        fmt.parse_chat(body)
+    with pytest.raises(oa_req.RequestError) as e:
+        oa_req.parse_chat(body)
     assert e.value.param == param
 
 
 def test_bad_completion_prompts():
     for body in ({"prompt": 3}, {"prompt": ["a", "b"]}, {}):
-        with pytest.raises(fmt.RequestError) as e:
-            fmt.parse_completion(body)
+        with pytest.raises(oa_req.RequestError) as e:
+            oa_req.parse_completion(body)
         assert e.value.param == "prompt"
 
 
@@ -160,7 +161,7 @@ def test_param_of_engine_validation_errors():
 
     with pytest.raises(UsageError) as e:
         SamplingParams(temperature=-1.0)
-    assert fmt.param_of(e.value) == "temperature"
+    assert oa_req.param_of(e.value) == "temperature"
 
 
 def test_without_the_server_extra_one_line_names_it(tmp_path):

@@ -2,7 +2,7 @@
 bounded stop lists, browsers (Content-Type, Host, CORS), --timeout, a full queue, max_tokens left
 out, --suffix-scope and the checks of --api-key / --host.
 
-Parsing is tested on llamaspec/openai_format.py directly; the rest on the real server: in a
+Parsing is tested on llamaspec/openai/requests.py directly; the rest on the real server: in a
 subprocess as tests/test_serve.py starts it, or in this process (the app and scheduler the command
 builds, served by uvicorn in a thread) where a test must reach a queued job."""
 
@@ -17,7 +17,7 @@ import time
 import openai
 import pytest
 
-from llamaspec import openai_format as fmt
+from llamaspec.openai import requests as oa_req
 from llamaspec.errors import INT64_MAX, INT64_MIN
 from llamaspec.speculative.sequence import StopStrings
 
@@ -26,11 +26,11 @@ HANG_GUARD_S = 60
 
 
 def _chat(**fields):
-    return fmt.parse_chat({"messages": MSG, **fields})
+    return oa_req.parse_chat({"messages": MSG, **fields})
 
 
 def _refused(param: str, **fields) -> str:
-    with pytest.raises(fmt.RequestError) as e:
+    with pytest.raises(oa_req.RequestError) as e:
         _chat(**fields)
     assert e.value.param == param and param in e.value.message, e.value.message
     return e.value.message
@@ -40,7 +40,7 @@ def _refused(param: str, **fields) -> str:
 
 def test_n_predict_is_max_tokens_and_minus_one_is_no_limit():
     assert _chat(n_predict=7).fields["max_tokens"] == 7
-    assert _chat(n_predict=-1).fields["max_tokens"] == fmt.NO_LIMIT
+    assert _chat(n_predict=-1).fields["max_tokens"] == oa_req.NO_LIMIT
     assert _chat(n_predict=7, max_tokens=3).fields["max_tokens"] == 3   # OpenAI's name wins
     assert _chat().fields["max_tokens"] is None                        # left out: the server's default
     _refused("n_predict", n_predict=-2)
@@ -109,10 +109,10 @@ def test_integers_are_int64(field):
 
 
 def test_stop_lists_are_bounded():
-    assert _chat(stop=[str(i) for i in range(fmt.MAX_STOPS)]).fields["stop"] == [str(i) for i in range(16)]
-    assert _refused("stop", stop=[str(i) for i in range(fmt.MAX_STOPS + 1)]).startswith("stop has 17 strings")
-    assert _chat(stop=["é" * (fmt.MAX_STOP_BYTES // 2)]).fields["stop"]   # 1024 bytes in UTF-8
-    _refused("stop", stop=["é" * (fmt.MAX_STOP_BYTES // 2) + "x"])
+    assert _chat(stop=[str(i) for i in range(oa_req.MAX_STOPS)]).fields["stop"] == [str(i) for i in range(16)]
+    assert _refused("stop", stop=[str(i) for i in range(oa_req.MAX_STOPS + 1)]).startswith("stop has 17 strings")
+    assert _chat(stop=["é" * (oa_req.MAX_STOP_BYTES // 2)]).fields["stop"]   # 1024 bytes in UTF-8
+    _refused("stop", stop=["é" * (oa_req.MAX_STOP_BYTES // 2) + "x"])
 
 
 def test_stop_strings_hold_only_the_tail():
@@ -132,7 +132,7 @@ def test_wrong_types_name_their_field():
     for field, value in (("stream", 1), ("stream_options", []), ("model", 3), ("user", 3), ("metadata", []),
                          ("store", "no"), ("top_k", 2.5), ("seed", 1.0), ("max_completion_tokens", "9")):
         _refused(field, **{field: value})
-    with pytest.raises(fmt.RequestError) as e:
+    with pytest.raises(oa_req.RequestError) as e:
         _chat(stream=True, stream_options={"include_usage": "yes"})
     assert e.value.param == "stream_options"
 

@@ -7,7 +7,7 @@ the same settings (`check_or_write_manifest`), skips what OUTPUT holds (`OutputF
 and appends one record per request (`result_record` / `error_record`). INPUT lines are
 llamaspec's form or, when they have "custom_id" or "body", the OpenAI batch form (vLLM's
 `run-batch`, OpenAI's Batch API). Unknown keys are ignored, except in an OpenAI body the fields
-that ask for what the engine cannot do (`n` > 1, `logprobs`, `tools`, ...: `openai_unsupported.UNSUPPORTED`, the server's list), which
+that ask for what the engine cannot do (`n` > 1, `logprobs`, `tools`, ...: `openai.unsupported.UNSUPPORTED`, the server's list), which
 make the line a failed record naming the field rather than be dropped silently:
 
     {"id": "q1", "prompt": "Hi", "max_tokens": 8, "temperature": 0, "seed": 1, "stop": "\\n",
@@ -38,10 +38,10 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import IO, Any, Iterable
 
-from llamaspec import openai_format as oa
+from llamaspec.openai import requests as oa_req
 from llamaspec.errors import InputError
 from llamaspec.errors import must_be
-from llamaspec.openai_format import jtype
+from llamaspec.openai.fields import jtype
 
 __all__ = ["Request", "LineError", "parse_requests", "read_input", "CHAT", "COMPLETIONS"]
 
@@ -96,10 +96,10 @@ class _Bad(Exception):
 
 
 def _openai_checked(call, *args):
-    """openai_format's parsers (the ones `serve` uses), their RequestError as this line's error."""
+    """llamaspec.openai.requests' parsers (the ones `serve` uses), their RequestError as this line's error."""
     try:
         return call(*args)
-    except oa.RequestError as e:
+    except oa_req.RequestError as e:
         raise _Bad(e.message, e.param) from None
 
 
@@ -147,12 +147,12 @@ def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
         raise _Bad(f"max_tokens ({max_tokens}) and max_completion_tokens ({max_completion}) differ",
                    "max_tokens")
     if openai is not None:
-        _openai_checked(oa.check_unsupported, d)
+        _openai_checked(oa_req.check_unsupported, d)
         if d.get("stream"):   # a batch record is one response, not a stream
             raise _Bad("stream is not supported in a batch job (got true)", "stream")
-    return Request(rid, line, prompt, None if messages is None else _openai_checked(oa.parse_messages, messages),
+    return Request(rid, line, prompt, None if messages is None else _openai_checked(oa_req.parse_messages, messages),
                    max_completion if max_completion is not None else max_tokens,
-                   _num(d, "temperature"), _int(d, "seed"), _openai_checked(oa.parse_stop, d.get("stop")),
+                   _num(d, "temperature"), _int(d, "seed"), _openai_checked(oa_req.parse_stop, d.get("stop")),
                    _num(d, "top_p", 1.0), openai, _int(d, "top_k"), _num(d, "min_p", 1.0, open_low=False),
                    _positive(d, "repeat_penalty"), _penalty(d, "presence_penalty"), _penalty(d, "frequency_penalty"))
 

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llamaspec import openai_format as fmt
+from llamaspec.openai import requests as oa_req, responses as oa_resp
 from llamaspec.generator import Request as GenRequest
 from llamaspec.serve.scheduler import Job, Scheduler
 
@@ -46,7 +46,7 @@ class ApiError(Exception):
 
 def _error_response(e: ApiError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else e.headers
-    return JSONResponse(fmt.error_body(e.message, status=e.status, param=e.param, code=e.code, type=e.type),
+    return JSONResponse(oa_resp.error_body(e.message, status=e.status, param=e.param, code=e.code, type=e.type),
                         status_code=e.status, headers=headers)
 
 
@@ -143,7 +143,7 @@ def _is_json(content_type: str) -> bool:
 def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
                max_body: int = MAX_BODY, cors_origins: Sequence[str] = (), loopback_only: bool = False) -> FastAPI:
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None, openapi_url=None)
-    created = fmt.now()
+    created = oa_resp.now()
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -194,7 +194,7 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
 
     @api.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse(fmt.model_list([model_name], created))
+        return JSONResponse(oa_resp.model_list([model_name], created))
 
     @api.get("/metrics")
     async def prometheus() -> PlainTextResponse:
@@ -202,11 +202,11 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
 
     @api.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await _generate(request, fmt.CHAT)
+        return await _generate(request, oa_req.CHAT)
 
     @api.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _generate(request, fmt.COMPLETION)
+        return await _generate(request, oa_req.COMPLETION)
 
     async def _generate(request: Request, kind: str) -> Response:
         if not sched.alive or sched.draining:
@@ -216,13 +216,13 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
                                 f"{request.headers.get('content-type', 'none')[:60]!r})", code="unsupported_media_type")
         body = await read_json(request, max_body)
         try:
-            parsed = (fmt.parse_chat if kind == fmt.CHAT else fmt.parse_completion)(body)
-        except fmt.RequestError as e:
+            parsed = (oa_req.parse_chat if kind == oa_req.CHAT else oa_req.parse_completion)(body)
+        except oa_req.RequestError as e:
             raise ApiError(400, e.message, e.param, e.code) from None
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        rid = fmt.new_id(kind)
+        rid = oa_resp.new_id(kind)
         job = Job(rid, GenRequest(**parsed.fields), lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-                  stream=parsed.stream, field_prompt="messages" if kind == fmt.CHAT else "prompt")
+                  stream=parsed.stream, field_prompt="messages" if kind == oa_req.CHAT else "prompt")
         if not sched.submit(job):
             if sched.draining or not sched.alive:
                 raise ApiError(503, "the server is shutting down", type="server_error")
@@ -231,7 +231,7 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
         ev = await _next_event(request, job, events)   # accepted, or refused (a bad value, too long)
         if ev[0] == "error":
             raise ApiError(*ev[1:])
-        ids = dict(id=rid, model=model_name, created=fmt.now())
+        ids = dict(id=rid, model=model_name, created=oa_resp.now())
         if parsed.stream:
             return EventSourceResponse(_sse(job, events, parsed, ids), sep="\n", ping=15)
         while ev[0] != "done":
@@ -239,8 +239,8 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
             if ev[0] == "error":
                 raise ApiError(*ev[1:])
         _, result, cache_n = ev
-        build = fmt.chat_completion if kind == fmt.CHAT else fmt.text_completion
-        response = JSONResponse(build(result, **ids, timings=fmt.timings(result, cache_n)))
+        build = oa_resp.chat_completion if kind == oa_req.CHAT else oa_resp.text_completion
+        response = JSONResponse(build(result, **ids, timings=oa_resp.timings(result, cache_n)))
         job.marks["built"] = time.perf_counter()
         sched.profile.job(job.marks)
         return response
@@ -263,13 +263,13 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
             sched.cancel(job)
             raise
 
-    async def _sse(job: Job, events: asyncio.Queue, parsed: fmt.Parsed, ids: dict):
-        chat, usage = parsed.kind == fmt.CHAT, parsed.include_usage
-        chunk = fmt.chat_chunk if chat else fmt.completion_chunk
+    async def _sse(job: Job, events: asyncio.Queue, parsed: oa_req.Parsed, ids: dict):
+        chat, usage = parsed.kind == oa_req.CHAT, parsed.include_usage
+        chunk = oa_resp.chat_chunk if chat else oa_resp.completion_chunk
         finished = False
         try:
             if chat:
-                yield {"data": json.dumps(fmt.chat_chunk(**ids, role=True, include_usage=usage))}
+                yield {"data": json.dumps(oa_resp.chat_chunk(**ids, role=True, include_usage=usage))}
             while True:
                 ev = await events.get()
                 if ev[0] == "text":
@@ -278,23 +278,23 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
                 elif ev[0] == "done":
                     _, result, cache_n = ev
                     yield {"data": json.dumps(chunk(**ids, finish_reason=result.finish_reason, include_usage=usage,
-                                                    timings=fmt.timings(result, cache_n)))}
+                                                    timings=oa_resp.timings(result, cache_n)))}
                     if usage:
-                        yield {"data": json.dumps(chunk(**ids, usage=fmt.result_usage(result)))}
+                        yield {"data": json.dumps(chunk(**ids, usage=oa_resp.result_usage(result)))}
                     finished = True
                     yield {"data": "[DONE]"}
                     return
                 elif ev[0] == "error":
                     finished = True
                     status, message, param, code = ev[1:]
-                    yield {"data": json.dumps(fmt.error_body(message, status=status, param=param, code=code))}
+                    yield {"data": json.dumps(oa_resp.error_body(message, status=status, param=param, code=code))}
                     return
         except Exception as e:  # noqa: BLE001 - a broken stream ends with an error event, not a cut
             traceback.print_exception(e, file=sys.stderr)
             if not finished:
                 finished = True
                 sched.cancel(job)
-                yield {"data": json.dumps(fmt.error_body(f"internal error: {type(e).__name__} (see the server's log)",
+                yield {"data": json.dumps(oa_resp.error_body(f"internal error: {type(e).__name__} (see the server's log)",
                                                          status=500))}
         finally:
             if not finished:   # the client went away mid-stream: stop its sequence now

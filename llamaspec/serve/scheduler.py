@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
 from llamaspec.errors import LlamaspecError, UsageError
-from llamaspec.openai_format import param_of
+from llamaspec.openai.fields import param_of
 from llamaspec.serve.job import Job, fault_point
 from llamaspec.serve.prefill import PrefillBudget
 from llamaspec.serve.profile import from_env as profile_from_env
