@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from llamaspec.errors import UsageError
-from llamaspec.openai_format import NO_LIMIT, parse_stop
+from llamaspec.openai.fields import NO_LIMIT, parse_stop
 from llamaspec.speculative.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -95,5 +95,5 @@ def check_max_tokens(value, name: str = "max_tokens") -> int:
 
 def check_stop(value, name: str = "stop") -> tuple[str, ...]:
     """A stop string or a list of them -> a tuple of non-empty strings, by the one rule of
-    openai_format.parse_stop (empty strings dropped; its RequestError is a UsageError)."""
+    openai.fields.parse_stop (empty strings dropped; its RequestError is a UsageError)."""
     return tuple(parse_stop(value, name))
