@@ -116,7 +116,7 @@ def serve(
     key = api_key if api_key is not None else (os.environ.get("LLAMASPEC_API_KEY") or None)
     origins = [o.strip() for o in (cors_origins or "").split(",") if o.strip()]
     if getattr(ctx.get_parameter_source("n_predict"), "name", "DEFAULT") == "DEFAULT":   # -n not given
-        from llamaspec.openai_format import NO_LIMIT   # max_tokens omitted: until end-of-generation or a full context
+        from llamaspec.openai.fields import NO_LIMIT   # max_tokens omitted: until end-of-generation or a full context
 
         gen = replace(gen, max_tokens=NO_LIMIT)
     sizes = slot_context(gen.ctx_size, kv_unified_per_slot, parallel,
