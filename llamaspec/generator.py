@@ -201,7 +201,7 @@ class Generator(OpenAIMethods):
 
     def _tokenize(self, target, prompt: Prompt, chat: bool | None, tools: "ToolPlan | None" = None) -> list[int]:
         """tools: the plan that renders the request's tools (in the template, or as its fallback)."""
-        from llamaspec.openai_format import parse_messages   # the one message parser (server, batch too)
+        from llamaspec.openai.requests import parse_messages   # the one message parser (server, batch too)
 
         if isinstance(prompt, Request):
             raise UsageError("tokenize takes the prompt, not a Request", "pass request.prompt")
