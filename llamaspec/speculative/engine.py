@@ -81,9 +81,8 @@ class SpecEngine:
         # The live grammar state of each sequence generating under one (seq_id -> GrammarState,
         # advanced by the emitted tokens only): drafters read it to cut or make drafts.
         self.grammars: dict = {}
-        bind = getattr(drafter, "bind_grammars", None)   # (the Drafter base gains it; until then, guarded)
-        if bind is not None:
-            bind(self.grammars)
+        if drafter is not None:
+            drafter.bind_grammars(self.grammars)
 
     def generate(self, prompt_tokens: Sequence[int], config: GenerationConfig,
                  on_text: TextCallback | None = None, seq_id: int = 0,
