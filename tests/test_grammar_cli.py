@@ -119,6 +119,18 @@ def test_short_flags_do_not_clash(run_cli):
             assert r.stdout.count(flag) == 1, (command, flag)
 
 
+def test_batch_grammar_flag_is_part_of_the_resume_check(run_cli, tiny_models, tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "prompt": "hi", "max_tokens": 4}\n')
+    job = (tiny_models["target"], tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--raw", "-q", *GREEDY)
+    r = run_cli("batch", *job, "--grammar", 'root ::= "x"')
+    assert r.exit_code == 0, r.stderr
+    assert json.loads((tmp_path / "out.jsonl").read_text())["text"] == "x"
+    line = _one_line_error(run_cli("batch", *job, "--grammar", 'root ::= "y"'))
+    assert "started with other settings: grammar was" in line
+    assert "now (absent)" in _one_line_error(run_cli("batch", *job))
+    assert run_cli("batch", *job, "--grammar", 'root ::= "x"').exit_code == 0   # the same job resumes
+
+
 # ---- real generations ----------------------------------------------------------------------------
 
 
@@ -289,3 +301,23 @@ def test_tools_render_constrain_and_parse_through_generate(gen):
             gen.generate(ask if kw.get("chat") is not False else "hi", tools=[WEATHER], **kw)
     with pytest.raises(UsageError, match=r"tools\[0\].function must be an object"):
         gen.generate(ask, tools=[{"type": "function"}])
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_serve_flag_is_the_default_of_requests_that_set_none(smollm2_f16, tmp_path):
+    from test_serve import Server   # the real server in a subprocess, as test_serve.py runs it
+
+    s = Server(smollm2_f16, "-j", json.dumps(PERSON), "-n", "96", tmp=tmp_path)
+    try:
+        client = s.client()
+        ask = [{"role": "user", "content": ASK}]
+        reply = client.chat.completions.create(model="m", messages=ask)
+        jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
+        enum = {"type": "string", "enum": ["red", "green", "blue"]}
+        own = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Name a colour."}],
+                                             response_format={"type": "json_schema",
+                                                              "json_schema": {"name": "c", "schema": enum}})
+        assert json.loads(own.choices[0].message.content) in enum["enum"]
+    finally:
+        assert s.stop() == 0, s.log.read_text()
