@@ -244,8 +244,9 @@ class Generator(OpenAIMethods):
         return pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop, ignore_eos=bool(req.ignore_eos),
                                **structured.config_fields())
 
-    def _prepare(self, req: Request) -> Prepared:
-        """(tokens, config, tool plan) of a request, or the UsageError that says why it cannot run."""
+    def _prepare(self, req: Request, fit: bool = True) -> Prepared:
+        """(tokens, config, tool plan) of a request, or the UsageError that says why it cannot run.
+        The server's preparing threads call it too, with fit=False: it says a prompt is too long its way."""
         from llamaspec.constraints import constraints
 
         for name, kind in (("id", str), ("chat", bool)):
@@ -257,7 +258,7 @@ class Generator(OpenAIMethods):
             structured = constraints(req, target, self.generation_options.grammar, target.chat_template)
             tokens = self._tokenize(target, req.prompt, req.chat, structured.plan)
         config = self._config(req, structured)
-        if len(tokens) > self.n_ctx:
+        if fit and len(tokens) > self.n_ctx:
             raise prompt_too_long(len(tokens), self.n_ctx, self.options.n_ctx)
         return Prepared(tokens, config, structured.plan if structured.calls else None)
 
