@@ -1,0 +1,153 @@
+"""Tool calls on real GGUFs: tiny models carrying each family's real chat template render tools
+and tool messages and generate grammar-constrained calls through the Generator; each format's
+grammar compiles on SmolLM2's real vocabulary, its lazy form waits for the call's opening, and
+SmolLM2 (whose template takes no tools: the generic form) makes calls whose arguments validate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from llamaspec.openai.tools import plan_tools
+from llamaspec.runtime.grammar import GrammarState
+from llamaspec.runtime.llama import Model
+from llamaspec.testing.tiny_tool_templates import make_tool_models
+
+TEMPLATES = Path(__file__).parent / "fixtures" / "tools"
+FAMILY = {"qwen2.5": "qwen2.5", "hermes3": "qwen2.5", "llama3.1": "llama3", "llama3.2": "llama3",
+          "mistral-nemo": "mistral-nemo"}
+FORMAT = {"qwen2.5": "hermes", "hermes3": "hermes", "llama3.1": "llama3", "llama3.2": "llama3",
+          "mistral-nemo": "mistral"}
+
+# arguments a random model completes in a few tokens (an enum, an integer, a boolean)
+SET_ALARM = {"type": "function", "function": {"name": "set_alarm", "description": "Set an alarm", "parameters": {
+    "type": "object", "properties": {"day": {"enum": ["mon", "tue", "wed"]}, "hour": {"type": "integer"},
+                                     "loud": {"type": "boolean"}}, "required": ["day", "hour", "loud"]}}}
+PICK = {"type": "function", "function": {"name": "pick", "parameters": {
+    "type": "object", "properties": {"color": {"enum": ["red", "green"]}, "n": {"type": "integer"}},
+    "required": ["color", "n"]}}}
+GET_WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"]}}}
+HISTORY = [{"role": "user", "content": "What is the weather in Paris?"},
+           {"role": "assistant", "content": None, "tool_calls": [{"id": "call_xyz", "type": "function", "function": {
+               "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+           {"role": "tool", "tool_call_id": "call_xyz", "content": "22 degrees"}]
+
+
+@pytest.fixture(scope="module")
+def tool_models(test_models_dir) -> dict[str, Path]:
+    texts = {name: (FAMILY[name], (TEMPLATES / f"{name}.jinja").read_text()) for name in FAMILY}
+    return make_tool_models(test_models_dir / "tiny-tools-v1", texts)
+
+
+def _params(tool):
+    return tool["function"]["parameters"]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILY))
+def test_tiny_models_render_tools_and_tool_messages(tool_models, name):
+    m = Model(tool_models[name])
+    try:
+        assert m.chat_template == (TEMPLATES / f"{name}.jinja").read_text()
+        plan = plan_tools([GET_WEATHER, SET_ALARM], "auto", None, m.chat_template)
+        assert plan.format == FORMAT[name] and plan.template_tools is not None
+        prompt = m.chat_prompt(plan.messages(HISTORY), **plan.template_kwargs)
+        assert "Set an alarm" in prompt and "set_alarm" in prompt and '"wed"' in prompt   # the tools
+        # the earlier call with its arguments as an object, and the tool's result
+        assert '"city": "Paris", "unit": "celsius"}' in prompt and "22 degrees" in prompt
+        assert '\\"city\\"' not in prompt   # not a JSON string inside JSON
+        if FORMAT[name] == "mistral":   # the template's nine-character ids, mapped from OpenAI's
+            assert "call_xyz" not in prompt and prompt.count('"call_id": "') == 1
+        ids = m.tokenize_prompt(prompt)
+        markers = {"hermes": "<tool_call>", "llama3": "<|start_header_id|>", "mistral": "[TOOL_CALLS]"}[FORMAT[name]]
+        marker = m.tokenize(markers, add_special=False, parse_special=True)
+        assert len(marker) == 1 and marker[0] in ids   # the family's marker is one token of its own
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("name", ["qwen2.5", "llama3.1", "mistral-nemo"])
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_tiny_models_generate_valid_calls(tool_models, name, choice):
+    """Random weights, so only the grammar makes this a call: through the Generator (the wiring
+    run, batch and serve use), each family's envelope and the arguments' schema."""
+    from llamaspec import Generator
+
+    tool_choice = "required" if choice == "required" else {"type": "function", "function": {"name": "set_alarm"}}
+    with Generator(tool_models[name], temperature=0, threads=1, max_tokens=120) as g:
+        r = g.generate([{"role": "user", "content": "Wake me up on Monday at 7."}], tools=[PICK, SET_ALARM],
+                       tool_choice=tool_choice, parallel_tool_calls=False)
+    assert r.finish_reason == "tool_calls", r.text
+    assert len(r.tool_calls) == 1 and r.content is None
+    call = r.tool_calls[0]["function"]
+    if choice == "named":
+        assert call["name"] == "set_alarm"
+    tool = {"set_alarm": SET_ALARM, "pick": PICK}[call["name"]]
+    jsonschema.validate(json.loads(call["arguments"]), _params(tool))
+
+
+@pytest.fixture(scope="module")
+def f16(smollm2_f16):
+    m = Model(smollm2_f16)
+    yield m
+    m.close()
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", sorted(FAMILY) + ["generic"])
+def test_every_grammar_compiles_on_a_real_vocabulary(f16, name):
+    template = (TEMPLATES / f"{name}.jinja").read_text() if name != "generic" else f16.chat_template
+    for choice in ("required", "auto", {"type": "function", "function": {"name": "get_weather"}}):
+        for parallel in (None, False):
+            plan = plan_tools([GET_WEATHER, SET_ALARM], choice, parallel, template)
+            assert plan.grammar.lazy == (choice == "auto" and plan.format != "generic")
+            GrammarState(f16, plan.grammar).close()
+
+
+def _fed(model, spec, text: str) -> GrammarState:
+    state = GrammarState(model, spec)
+    assert state.accept_all(model.tokenize(text, add_special=False)) == len(model.tokenize(text, add_special=False))
+    return state
+
+
+def _allows_text(model, state: GrammarState, text: str) -> bool:
+    return state.allows(model.tokenize(text, add_special=False)[0])
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name,opening,good,bad", [
+    ("qwen2.5", 'Let me check that for you. <tool_call>\n{"name": "', "get", "hello"),
+    ("llama3.1", '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "', "celsius", "kelvin"),
+    ("mistral-nemo", 'Sure. [TOOL_CALLS][{"name": "set_alarm", "arguments": {"day": "', "mon", "sun"),
+])
+def test_lazy_grammar_waits_for_the_call(f16, name, opening, good, bad):
+    """auto: text is free until the call opens (the trigger), then the call's grammar holds."""
+    plan = plan_tools([GET_WEATHER, SET_ALARM], "auto", None, (TEMPLATES / f"{name}.jinja").read_text())
+    assert plan.grammar.lazy
+    free = _fed(f16, plan.grammar, "Hello")
+    assert _allows_text(f16, free, " anything") and _allows_text(f16, free, "}")
+    state = _fed(f16, plan.grammar, opening)
+    assert _allows_text(f16, state, good) and not _allows_text(f16, state, bad)
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("choice", ["required", "named", "auto-one"])
+def test_smollm2_generic_calls_validate(smollm2_f16, choice):
+    """SmolLM2's template takes no tools: the generic fallback. Greedy, under the plan's grammar,
+    through the Generator; the call's arguments validate against the function's parameters."""
+    from llamaspec import Generator
+
+    tool_choice = {"required": "required", "auto-one": "auto",
+                   "named": {"type": "function", "function": {"name": "get_weather"}}}[choice]
+    with Generator(smollm2_f16, temperature=0, threads=1, max_tokens=80) as g:
+        r = g.generate([{"role": "user", "content": "What is the weather in Paris, in celsius?"}],
+                       tools=[GET_WEATHER, SET_ALARM], tool_choice=tool_choice, parallel_tool_calls=False)
+    assert json.loads(r.text)   # the generic form: the whole reply is one JSON object
+    assert r.finish_reason == "tool_calls" and len(r.tool_calls) == 1, r.text
+    call = r.tool_calls[0]["function"]
+    assert call["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["arguments"]), _params(GET_WEATHER))
