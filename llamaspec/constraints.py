@@ -124,8 +124,7 @@ def constraints(req: "Request", target, default: "GrammarSpec | None", template:
         plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, template)
     calls = plan is not None and plan.choice != "none"
     if calls and own is not None:
-        given = "grammar" if req.grammar is not None else "json_schema"
-        raise UsageError(f"{given} cannot constrain a reply that may call tools",
+        raise UsageError(f"{own.field} cannot constrain a reply that may call tools",
                          'drop it, or set tool_choice "none" (the tools constrain their calls themselves)')
     spec = own if own is not None else plan.grammar if calls else default
     if spec is not None and spec is not default:   # (the default was compiled when the Generator loaded)
