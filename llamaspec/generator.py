@@ -282,7 +282,7 @@ class Generator(OpenAIMethods):
             if should_stop is not None:
                 raise UsageError("should_stop is for generate without stream", "stop iterating the stream instead")
             return TextStream(self._pipeline().engine, tokens, config, lambda g: self._result(req.id or "0", g, tools),
-                              on_text, owner=self._owner)
+                              on_text, owner=self._owner, tools=tools)
         asked, closed = [], []   # should_stop said stop: a normal end, not an interrupt
 
         def stop() -> bool:
