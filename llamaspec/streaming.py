@@ -27,11 +27,19 @@ class TextStream:
     """An iterable of text pieces; `result` is the whole `Result` once the iteration has ended."""
 
     def __init__(self, engine, tokens: Sequence[int], config, make_result: Callable[[object], object],
-                 on_text=None, *, owner: "ContextOwner"):
+                 on_text=None, *, owner: "ContextOwner", tools=None):
         self._engine, self._tokens, self._config, self._owner = engine, tokens, config, owner
         self._make_result, self._on_text = make_result, on_text
         self._started = False
+        self._seq = None
+        self.tools = tools   # the ToolPlan the reply's calls are parsed with (None: plain text)
         self.result = None   # the generator's Result once the iteration has ended
+
+    @property
+    def logprobs(self) -> list | None:
+        """The logprobs (TokenLogprob) of the tokens generated so far, when the request asked."""
+        rules = self._seq.rules if self._seq is not None else None
+        return None if rules is None else rules.logprobs
 
     def __iter__(self) -> Iterator[str]:
         if self._started:
@@ -51,7 +59,8 @@ class TextStream:
 
         self._owner.acquire()
         try:
-            yield from self._steps(SequenceRun(self._engine, 0, self._tokens, self._config, collect), pieces)
+            self._seq = SequenceRun(self._engine, 0, self._tokens, self._config, collect)
+            yield from self._steps(self._seq, pieces)
         finally:
             self._owner.release()
 
