@@ -151,3 +151,35 @@ def test_smollm2_generic_calls_validate(smollm2_f16, choice):
     call = r.tool_calls[0]["function"]
     assert call["name"] == "get_weather"
     jsonschema.validate(json.loads(call["arguments"]), _params(GET_WEATHER))
+
+
+_REPLAY = """
+import sys
+from llamaspec.openai.tools import plan_tools
+from llamaspec.runtime.grammar import GrammarState
+from llamaspec.runtime.llama import Model
+m = Model(sys.argv[1])
+plan = plan_tools([{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}], "auto", None,
+                  open(sys.argv[2]).read())
+state = GrammarState(m, plan.grammar)
+print([m.piece(t).decode() for t in m.tokenize(sys.argv[3], add_special=False)], file=sys.stderr)
+for t in m.tokenize(sys.argv[3], add_special=False):
+    state.accept(t)   # (a ValueError when the grammar, once triggered, refuses a later token)
+print("free" if state.allows(m.tokenize(" x", add_special=False)[0]) else "constrained")
+"""
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name,text", [("qwen2.5", "Hi <tool_call>."),
+                                       ("mistral-nemo", "[TOOL_CALLS]]"), ("llama3.1", '{"name"}')])
+def test_a_trigger_token_running_past_the_opening_leaves_the_reply_free(smollm2_f16, name, text):
+    """llama.cpp replays the triggering token into the grammar unchecked and aborts the process on
+    text the grammar refuses ('>.' is one SmolLM2 token): the triggers stop where the text ends."""
+    import subprocess
+    import sys
+
+    from child_process import child_env
+
+    out = subprocess.run([sys.executable, "-c", _REPLAY, str(smollm2_f16), str(TEMPLATES / f"{name}.jinja"), text],
+                         capture_output=True, text=True, env=child_env(), timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "free", out.stderr[-500:]

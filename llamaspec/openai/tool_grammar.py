@@ -7,9 +7,12 @@ format's envelope. So a call's arguments always validate against its function's 
 
 "required" or a named function: the whole reply is calls. "auto": the same grammar, lazy: the
 reply is free until its text matches a trigger pattern (llama.cpp's grammar_lazy_patterns), and
-constrained from the pattern's first group on. A pattern matches the grammar's own whitespace
-exactly (the converter's `space` is one optional space): llama.cpp replays the triggering text
-into the grammar unchecked, and text the grammar refuses there would abort the process.
+constrained from the pattern's first group on. llama.cpp replays the text from there to the end
+of the triggering token into the grammar unchecked, and text the grammar refuses there aborts the
+process (a C++ exception: "Unexpected empty grammar stack"), so a pattern is anchored at the end
+($) and matches only the call's opening as the grammar spells it, up to where the text ends: the
+grammar starts at the first token boundary inside the opening. A token that runs past it into
+anything else triggers nothing: that reply stays free, and is read as text or a call as written.
 The generic format is never lazy (llama.cpp's generic handler): its reply is always one JSON
 object, {"response": "..."} being the answer without a call.
 """
@@ -47,6 +50,30 @@ def call_schema(fn: dict, args_key: str = "arguments", with_id: bool = False) ->
     return {"type": "object", "properties": props, "required": required}
 
 
+def _prefixes(atoms: list[str]) -> str:
+    """A regex for any prefix (the empty one too) of the sequence of regex atoms."""
+    out = ""
+    for atom in reversed(atoms):
+        out = f"(?:{atom}{out})?"
+    return out
+
+
+def _chars(literal: str) -> list[str]:
+    return [re.escape(c) for c in literal]
+
+
+def _any_prefix(literals: list[str], then: list[str] = ()) -> str:
+    """An atom matching any prefix of one of `literals`, and once one is whole, of `then`."""
+    return "(?:" + "|".join(_prefixes(_chars(x) + list(then)) for x in literals) + ")"
+
+
+def _opening(names: list[str], args_key: str = "arguments") -> list[str]:
+    """The atoms of a call's JSON opening as the converter spells it (optional single spaces, no
+    space before a comma): `{"name": "NAME", "arguments": {`."""
+    then = [",", " ?", *_chars(f'"{args_key}"'), " ?", ":", " ?", "\\{"]
+    return ["\\{", " ?", *_chars('"name"'), " ?", ":", " ?", '"', _any_prefix([n + '"' for n in names], then)]
+
+
 def _escape(literal: str) -> str:
     return '"' + literal.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -61,7 +88,8 @@ def tool_grammar(fmt: str, functions: list[dict], *, required: bool, parallel: b
         call = f'{_escape(HERMES_OPEN)} tool-ws tc-root tool-ws {_escape(HERMES_CLOSE)}'
         rules = [f"root ::= tool-call{' ( tool-ws tool-call )*' if parallel else ''}",
                  f"tool-call ::= {call}", 'tool-ws ::= [ \\n]{0,2}']
-        triggers = [f"({re.escape(HERMES_OPEN)})"]
+        opening = _prefixes(["[ \\n]{0,2}", *_opening([f["name"] for f in functions])])
+        triggers = [f"({re.escape(HERMES_OPEN)}){opening}$"]
     elif fmt == LLAMA3:
         customs = [f for f in functions if f["name"] not in builtins]
         alts, rules = [], []
@@ -72,18 +100,21 @@ def tool_grammar(fmt: str, functions: list[dict], *, required: bool, parallel: b
             alts.append(_builtin_rule(f, k, field, rules))
         rules.insert(0, f"root ::= {' | '.join(alts)}")
         body = ""
-        names = "|".join(f["name"] for f in customs)   # ([a-zA-Z0-9_-]: nothing to escape)
         tag = re.escape(PYTHON_TAG)
-        triggers = [f'^\\s*(?:{tag}\\s*)?(\\{{ ?"name" ?: ?"(?:{names})")[\\s\\S]*$'] if customs else []
+        # only once "name" is written: a reply that is some other JSON object stays free
+        opening = _prefixes(_opening([f["name"] for f in customs], "parameters")[8:])
+        triggers = [f'^\\s*(?:{tag}\\s*)?(\\{{ ?"name"){opening}$'] if customs else []
         if builtins and len(customs) < len(functions):
-            triggers.append(f"({re.escape(PYTHON_TAG)})")
+            calls = _any_prefix([f["name"] + ".call(" for f in functions if f["name"] in builtins])
+            triggers.append(f"({tag}){calls}$")
     elif fmt == MISTRAL:
         array = {"type": "array", "items": _one_of([call_schema(f, with_id=True) for f in functions]), "minItems": 1}
         if not parallel:
             array["maxItems"] = 1
         body = _gbnf(array, field, "tc-")
         rules = [f"root ::= {_escape(MISTRAL_MARK)} tc-root"]
-        triggers = [f"({re.escape(MISTRAL_MARK)})"]
+        opening = _prefixes(["\\[", " ?", *_opening([f["name"] for f in functions])])
+        triggers = [f"({re.escape(MISTRAL_MARK)}){opening}$"]
     else:
         raise ValueError(f"unknown tool-call format {fmt!r}")
     gbnf = "\n".join(rules) + ("\n" + body if body else "") + "\n"
