@@ -232,3 +232,14 @@ def test_no_plan_without_tools():
     # parameters may be left out: a function without arguments
     plan = plan_tools([{"type": "function", "function": {"name": "now"}}], "required", None, SMOL_LIKE)
     assert plan.functions[0]["parameters"] == {"type": "object", "properties": {}}
+
+
+@pytest.mark.parametrize("snippet", [
+    "{{- '<tool_call>' + tc.name -}}<arg_key>{{ k }}</arg_key>",                     # GLM 4.x / Ling: XML arguments
+    "<tool_call>\n<function={{ name }}>\n<parameter={{ k }}>",                          # Qwen3-Coder / Qwen3.5
+    "{%- if tools %}[TOOL_CALLS]{{ tc.name }}[ARGS]{{ tc.arguments }}{% endif %}",     # Mistral v11
+    "<|start_header_id|>ipython<|end_header_id|> <function={{ name }}>",              # Functionary 3.1
+])
+def test_lookalike_templates_get_the_generic_form(snippet):
+    plan = plan_tools(TOOLS, "auto", None, snippet)
+    assert plan.format == "generic" and not plan.grammar.lazy

@@ -36,13 +36,18 @@ LLAMA_BUILTINS = {"wolfram_alpha": "query", "web_search": "query", "brave_search
 
 
 def detect_format(template: str | None) -> str:
-    """The tool-call format a chat template speaks, as llama.cpp tells it from the template text."""
+    """The tool-call format a chat template speaks, as llama.cpp tells it from the template text.
+    Templates whose markers look alike but whose calls are not these JSON forms (GLM's and Ling's
+    <arg_key>, MiniMax's <invoke>, Qwen3-Coder's <function=>, Apriel's <tool_calls> list,
+    Functionary 3.1's <function=> on Llama 3, Mistral v11's `[TOOL_CALLS]name[ARGS]{...}`) get the
+    generic form: its grammar makes the reply readable whatever the template says."""
     src = template or ""
-    if HERMES_OPEN in src and not ("<function=" in src and "<parameter=" in src):  # (Qwen3-Coder: XML)
+    if (HERMES_OPEN in src and re.search(r'\{\\?"name\\?"', src)
+            and not any(x in src for x in ("<arg_key>", "<invoke", "<function=", "<tool_calls>"))):
         return HERMES
-    if "<|start_header_id|>ipython<|end_header_id|>" in src:
+    if "<|start_header_id|>ipython<|end_header_id|>" in src and "<function=" not in src:
         return LLAMA3
-    if MISTRAL_MARK in src:
+    if MISTRAL_MARK in src and "[ARGS]" not in src:
         return MISTRAL
     return GENERIC
 
