@@ -33,4 +33,6 @@ def generation_dict(gen: Generation, *, spec_type: str, draft_model: str | None,
         "tokens_per_second": s.tokens_per_second,
         "overhead_ms_per_step": 1000 * s.overhead_seconds / s.steps if s.steps else 0.0,
         "per_drafter": d.get("per_drafter", {}),
+        "grammar_cut": s.grammar_cut,       # draft tokens cut before verification: the grammar refused them
+        "grammar_masks": s.grammar_masks,   # rows where the whole vocabulary was masked (the chosen token refused)
     }

@@ -295,7 +295,7 @@ class SequenceRun:
 
     def _drop_rules(self) -> None:
         if self.rules is not None:
-            if self.engine.grammars.get(self.seq_id) is self.rules.grammar:
+            if self.rules.grammar is not None and self.engine.grammars.get(self.seq_id) is self.rules.grammar:
                 del self.engine.grammars[self.seq_id]
             self.rules.close()
             self.rules = None
