@@ -32,6 +32,12 @@ PICK = {"type": "function", "function": {"name": "pick", "parameters": {
 GET_WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
     "required": ["city", "unit"]}}}
+# as the openai SDK's pydantic_function_tool writes it: $refs into the parameters' own $defs
+BOOK = {"type": "function", "function": {"name": "book_trip", "description": "Book a trip", "parameters": {
+    "type": "object", "properties": {"to": {"$ref": "#/$defs/Place"}, "nights": {"type": "integer"}},
+    "required": ["to", "nights"], "additionalProperties": False,
+    "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+                        "required": ["city", "country"], "additionalProperties": False}}}}}
 HISTORY = [{"role": "user", "content": "What is the weather in Paris?"},
            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_xyz", "type": "function", "function": {
                "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
@@ -103,7 +109,7 @@ def test_every_grammar_compiles_on_a_real_vocabulary(f16, name):
     template = (TEMPLATES / f"{name}.jinja").read_text() if name != "generic" else f16.chat_template
     for choice in ("required", "auto", {"type": "function", "function": {"name": "get_weather"}}):
         for parallel in (None, False):
-            plan = plan_tools([GET_WEATHER, SET_ALARM], choice, parallel, template)
+            plan = plan_tools([GET_WEATHER, SET_ALARM, BOOK], choice, parallel, template)
             assert plan.grammar.lazy == (choice == "auto" and plan.format != "generic")
             GrammarState(f16, plan.grammar).close()
 
@@ -135,22 +141,25 @@ def test_lazy_grammar_waits_for_the_call(f16, name, opening, good, bad):
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("choice", ["required", "named", "auto-one"])
+@pytest.mark.parametrize("choice", ["required", "named", "auto-one", "refs"])
 def test_smollm2_generic_calls_validate(smollm2_f16, choice):
     """SmolLM2's template takes no tools: the generic fallback. Greedy, under the plan's grammar,
     through the Generator; the call's arguments validate against the function's parameters."""
     from llamaspec import Generator
 
-    tool_choice = {"required": "required", "auto-one": "auto",
+    tool_choice = {"required": "required", "auto-one": "auto", "refs": {"type": "function", "function": {"name": "book_trip"}},
                    "named": {"type": "function", "function": {"name": "get_weather"}}}[choice]
+    ask = "Book me three nights in Paris, France." if choice == "refs" else "What is the weather in Paris, in celsius?"
     with Generator(smollm2_f16, temperature=0, threads=1, max_tokens=80) as g:
-        r = g.generate([{"role": "user", "content": "What is the weather in Paris, in celsius?"}],
-                       tools=[GET_WEATHER, SET_ALARM], tool_choice=tool_choice, parallel_tool_calls=False)
+        r = g.generate([{"role": "user", "content": ask}], tools=[GET_WEATHER, SET_ALARM, BOOK],
+                       tool_choice=tool_choice, parallel_tool_calls=False)
     assert json.loads(r.text)   # the generic form: the whole reply is one JSON object
     assert r.finish_reason == "tool_calls" and len(r.tool_calls) == 1, r.text
     call = r.tool_calls[0]["function"]
-    assert call["name"] == "get_weather"
-    jsonschema.validate(json.loads(call["arguments"]), _params(GET_WEATHER))
+    tool = {t["function"]["name"]: t for t in (GET_WEATHER, SET_ALARM, BOOK)}[call["name"]]   # (SmolLM2's choice)
+    if choice in ("named", "refs"):
+        assert call["name"] == tool_choice["function"]["name"]
+    jsonschema.validate(json.loads(call["arguments"]), _params(tool))
 
 
 _REPLAY = """

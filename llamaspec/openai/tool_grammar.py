@@ -33,8 +33,48 @@ def prefix_rules(gbnf: str, prefix: str) -> str:
     return _TOKEN.sub(lambda m: prefix + m.group(1) if m.group(1) else m.group(0), gbnf)
 
 
-def _gbnf(schema: dict, field: str, prefix: str) -> str:
+def _gbnf(schema: dict, field: str, prefix: str, defs: dict | None = None) -> str:
+    if defs:
+        schema = {**schema, "$defs": defs}
     return prefix_rules(grammar_from_schema(schema, field).gbnf, prefix)
+
+
+def hoist_refs(functions: list[dict]) -> tuple[list[dict], dict]:
+    """The functions with each one's local `$ref`s ("#/$defs/X", "#/definitions/X", "#...")
+    pointing into one shared root `$defs` (returned), under names prefixed per function: a
+    function's parameters sit inside the call's schema, where "#" is no longer their root."""
+    defs: dict = {}
+    out = []
+    for i, fn in enumerate(functions):
+        p, params = f"f{i}-", fn["parameters"]
+        local = {**params.get("definitions", {}), **params.get("$defs", {})}
+        needs_root = False
+
+        def move(node):
+            nonlocal needs_root
+            if isinstance(node, list):
+                return [move(x) for x in node]
+            if not isinstance(node, dict):
+                return node
+            node = {k: move(v) for k, v in node.items() if k not in ("$defs", "definitions")}
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                for base in ("#/$defs/", "#/definitions/"):
+                    if ref.startswith(base):
+                        node["$ref"] = "#/$defs/" + p + ref[len(base):]
+                        break
+                else:
+                    needs_root = True
+                    node["$ref"] = "#/$defs/" + p + "root" + ref[1:]
+            return node
+
+        moved = move(params)
+        for name, sub in local.items():
+            defs[p + name] = move(sub)
+        if needs_root:
+            defs[p + "root"] = moved
+        out.append({**fn, "parameters": moved})
+    return out, defs
 
 
 def _one_of(schemas: list[dict]) -> dict:
@@ -81,10 +121,11 @@ def _escape(literal: str) -> str:
 def tool_grammar(fmt: str, functions: list[dict], *, required: bool, parallel: bool,
                  builtins: tuple[str, ...] = (), field: str = "tools") -> GrammarSpec:
     """The grammar for calling one of `functions` (each {"name", "parameters"}) in format `fmt`."""
+    functions, defs = hoist_refs(functions)
     if fmt == GENERIC:
-        return _generic(functions, required, parallel, field)
+        return _generic(functions, required, parallel, field, defs)
     if fmt == HERMES:
-        body = _gbnf(_one_of([call_schema(f) for f in functions]), field, "tc-")
+        body = _gbnf(_one_of([call_schema(f) for f in functions]), field, "tc-", defs)
         call = f'{_escape(HERMES_OPEN)} tool-ws tc-root tool-ws {_escape(HERMES_CLOSE)}'
         rules = [f"root ::= tool-call{' ( tool-ws tool-call )*' if parallel else ''}",
                  f"tool-call ::= {call}", 'tool-ws ::= [ \\n]{0,2}']
@@ -94,7 +135,7 @@ def tool_grammar(fmt: str, functions: list[dict], *, required: bool, parallel: b
         customs = [f for f in functions if f["name"] not in builtins]
         alts, rules = [], []
         if customs:
-            rules.append(_gbnf(_one_of([call_schema(f, "parameters") for f in customs]), field, "tc-"))
+            rules.append(_gbnf(_one_of([call_schema(f, "parameters") for f in customs]), field, "tc-", defs))
             alts.append("tc-root")
         for k, f in enumerate(f for f in functions if f["name"] in builtins):
             alts.append(_builtin_rule(f, k, field, rules))
@@ -111,7 +152,7 @@ def tool_grammar(fmt: str, functions: list[dict], *, required: bool, parallel: b
         array = {"type": "array", "items": _one_of([call_schema(f, with_id=True) for f in functions]), "minItems": 1}
         if not parallel:
             array["maxItems"] = 1
-        body = _gbnf(array, field, "tc-")
+        body = _gbnf(array, field, "tc-", defs)
         rules = [f"root ::= {_escape(MISTRAL_MARK)} tc-root"]
         opening = _prefixes(["\\[", " ?", *_opening([f["name"] for f in functions])])
         triggers = [f"({re.escape(MISTRAL_MARK)}){opening}$"]
@@ -134,7 +175,7 @@ def _builtin_rule(fn: dict, k: int, field: str, rules: list[str]) -> str:
     return name
 
 
-def _generic(functions: list[dict], required: bool, parallel: bool, field: str) -> GrammarSpec:
+def _generic(functions: list[dict], required: bool, parallel: bool, field: str, defs: dict) -> GrammarSpec:
     calls = _one_of([call_schema(f) for f in functions])
     if parallel:
         shape = {"type": "object", "properties": {"tool_calls": {"type": "array", "items": calls, "minItems": 1}},
@@ -144,4 +185,4 @@ def _generic(functions: list[dict], required: bool, parallel: bool, field: str) 
     if not required:
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
         shape = {"anyOf": [shape, answer]}
-    return GrammarSpec(grammar_from_schema(shape, field).gbnf, field=field)
+    return GrammarSpec(grammar_from_schema({**shape, "$defs": defs} if defs else shape, field).gbnf, field=field)
