@@ -191,6 +191,9 @@ def scan_llama3(text: str, final: bool, builtins: tuple[str, ...] = (), **_) -> 
     rest = text[j:]
     try:
         if rest.startswith("{"):
+            found, _ = members(text, j, final)
+            if found and found[0][0] not in ("name", "type"):   # some other JSON: text at once
+                raise Malformed("not a call")
             call, end = call_object(text, j, final, ("parameters", "arguments"))
             if end is None:
                 if final:
