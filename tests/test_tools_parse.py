@@ -243,3 +243,27 @@ def test_no_plan_without_tools():
 def test_lookalike_templates_get_the_generic_form(snippet):
     plan = plan_tools(TOOLS, "auto", None, snippet)
     assert plan.format == "generic" and not plan.grammar.lazy
+
+
+@pytest.mark.parametrize("fmt,text", [
+    ("hermes", f'<tool_call>\n{{"name": "add", "arguments": {A_ARGS}}}\n</tool_call>\n<tool_call>\n{{"name": "get_weather", "argu'),
+    ("mistral", f'[TOOL_CALLS][{{"name": "add", "arguments": {A_ARGS}}}, {{"name": "get_weather", "arguments": {{"ci'),
+    ("generic", f'{{"tool_calls": [{{"name": "add", "arguments": {A_ARGS}}}, {{"name": "get_weather", "arguments": {{"ci'),
+    ("generic", f'{{"tool_calls": [{{"name": "add", "arguments": {A_ARGS}}}, '),
+])
+def test_a_reply_cut_inside_a_call_keeps_its_whole_calls(fmt, text):
+    """max_tokens may end a reply inside a call (a small model repeating calls): the whole calls
+    before it are the reply's calls; the stream sent those and part of the cut one, no text."""
+    plan = plan_tools(TOOLS, "auto", None, template(fmt))
+    content, calls = plan.parse(text)
+    assert content is None and [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [A_CALL]
+    streamer = plan.streamer()
+    deltas = [d for i in range(0, len(text), 5) for d in streamer.push(text[i:i + 5])] + streamer.finish()
+    s_content, s_calls, _ = _joined(deltas)
+    assert s_content == "" and s_calls[0] == A_CALL
+
+
+def test_a_reply_cut_inside_its_only_call_is_text():
+    plan = plan_tools(TOOLS, "auto", None, template("hermes"))
+    text = 'Sure.\n<tool_call>\n{"name": "get_weather", "argu'
+    assert plan.parse(text) == (text, [])

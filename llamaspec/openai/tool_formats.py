@@ -66,6 +66,7 @@ class Call:
     args: str = ""
     done: bool = False
     id: str | None = None
+    raw: str = ""      # an unfinished call's text, from its opening to the end of the reply
 
 
 def _held(tail: str, marker: str) -> int:
@@ -127,17 +128,14 @@ def scan_hermes(text: str, final: bool, **_) -> list:
                 raise Malformed("no call yet")
             call, end = call_object(text, j, final)
         except Malformed:
-            if not final and j >= len(text):
-                out.append(Call(None))
+            if j >= len(text):   # the tag, nothing after it yet
+                out.append(Call(None, raw=text[k:]))
                 return out
             out.append(HERMES_OPEN)   # not a call: text, and look on after the tag
             pos = k + len(HERMES_OPEN)
             continue
         if end is None:
-            if final:
-                out.append(HERMES_OPEN)
-                pos = k + len(HERMES_OPEN)
-                continue
+            call.raw = text[k:]
             out.append(call)
             return out
         out.append(call)
@@ -196,16 +194,14 @@ def scan_llama3(text: str, final: bool, builtins: tuple[str, ...] = (), **_) -> 
                 raise Malformed("not a call")
             call, end = call_object(text, j, final, ("parameters", "arguments"))
             if end is None:
-                if final:
-                    raise Malformed("an unfinished call")
+                call.raw = text
                 return [call]
             return [call, text[end:]]
         found = _builtin_call(text, j, final, builtins) if builtins else None
         if found:
             call, end = found
             if end is None:
-                if final:
-                    raise Malformed("an unfinished call")
+                call.raw = text
                 return [call]
             return [call, text[end:]]
         if not final and (not rest or any(f"{b}.call(".startswith(rest) for b in builtins)):
@@ -234,9 +230,7 @@ def scan_mistral(text: str, final: bool, **_) -> list:
         before, k = "", j
     try:
         if j >= len(text):
-            if final:
-                raise Malformed("no calls")
-            return [before, Call(None)]
+            return [before, Call(None, raw=text[k:])]
         if not text.startswith("[", j):
             raise Malformed("expected '['")
         found, end = items(text, j, final)
@@ -247,9 +241,10 @@ def scan_mistral(text: str, final: bool, **_) -> list:
             if cend is None:
                 break
         if end is None:
-            if final:
-                raise Malformed("an unfinished array")
-            return [before, *(calls or [Call(None)])]
+            if not calls or calls[-1].done:
+                calls.append(Call(None))
+            calls[-1].raw = text[k:]
+            return [before, *calls]
         if not calls:
             raise Malformed("no calls")
         return [before, *calls, text[end:]]
@@ -282,14 +277,14 @@ def scan_generic(text: str, final: bool, **_) -> list:
             return [text[start:stop]]
         if key == "tool_call":
             if start >= len(text):
-                return [Call(None)] if not final else [text]
+                return [Call(None, raw=text)]
             call, cend = call_object(text, start, final)
-            if final and (cend is None or end is None):
-                raise Malformed("an unfinished call")
+            if cend is None:
+                call.raw = text
             return [call]
         if key == "tool_calls":
             if start >= len(text):
-                return [Call(None)] if not final else [text]
+                return [Call(None, raw=text)]
             if not text.startswith("[", start):
                 raise Malformed("tool_calls is not an array")
             arr, aend = items(text, start, final)
@@ -299,15 +294,25 @@ def scan_generic(text: str, final: bool, **_) -> list:
                 calls.append(call)
                 if cend is None:
                     break
-            if final and (aend is None or end is None or not calls):
-                raise Malformed("unfinished calls")
-            return calls or [Call(None)]
+            if not calls or (aend is None and calls[-1].done):
+                calls.append(Call(None))
+            if not calls[-1].done:
+                calls[-1].raw = text
+            return calls
         raise Malformed("another key")
     except Malformed:
         return [text]
 
 
 SCANNERS = {HERMES: scan_hermes, LLAMA3: scan_llama3, MISTRAL: scan_mistral, GENERIC: scan_generic}
+
+
+def settle(pieces: list) -> list:
+    """A whole reply's pieces: an unfinished call (the reply was cut: max_tokens, a stop string)
+    is dropped when the reply made whole calls, else its text is the reply's text."""
+    if any(isinstance(p, Call) and p.done for p in pieces):
+        return [p for p in pieces if not isinstance(p, Call) or p.done]
+    return [p.raw if isinstance(p, Call) else p for p in pieces]
 
 
 def assemble(pieces: list, final: bool) -> tuple[str, list[Call]]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from llamaspec.openai.fields import RequestError
 from llamaspec.openai.tool_formats import (GENERIC, LLAMA3, LLAMA_BUILTINS, MISTRAL, PYTHON_TAG, SCANNERS, Call,
-                                           assemble, detect_format, takes_tools)
+                                           assemble, detect_format, settle, takes_tools)
 from llamaspec.openai.tool_grammar import tool_grammar
 from llamaspec.openai.tool_prompt import add_system, describe, history_as_text, instruction, mistral_ids
 from llamaspec.runtime.grammar import GrammarError, GrammarSpec, grammar_from_schema
@@ -174,7 +174,8 @@ class ToolPlan:
     def _pieces(self, text: str, final: bool) -> list:
         if self.choice == "none":
             return [text]
-        return SCANNERS[self.format](text, final, builtins=self.builtins)
+        pieces = SCANNERS[self.format](text, final, builtins=self.builtins)
+        return settle(pieces) if final else pieces
 
     def parse(self, text: str) -> tuple[str | None, list[dict]]:
         """(content, tool_calls in OpenAI's form) of a whole reply. Content is the text outside
