@@ -12,9 +12,10 @@ Arguments are llama-cpp-python's and OpenAI's (`stream_options`, `max_completion
 neither has is a TypeError (a typo such as `max_token=5` is not silently dropped). Sampling
 arguments left out (or None) take the Generator's settings, not llama-cpp-python's own defaults
 (max_tokens left out: no limit unless the Generator sets one). Arguments that would change the
-output and are not implemented (n > 1, logprobs, tools, response_format other than text,
-mirostat_mode != 0, tfs_z != 1, typical_p != 1, grammar, logits_processor, stopping_criteria, ...)
-raise a UsageError naming them, as the server answers 400; their neutral values pass.
+output and are not implemented (n > 1, mirostat_mode != 0, tfs_z != 1, typical_p != 1,
+logits_processor, stopping_criteria, ...) raise a UsageError naming them, as the server answers
+400; their neutral values pass. response_format, grammar (GBNF text or a LlamaGrammar), tools,
+logprobs and logit_bias work as in `serve` (llamaspec/openai/requests.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from llamaspec.openai import requests as oa_req, responses as oa_resp
+from llamaspec.openai.chunks import Chunks
 
 
 class OpenAIMethods:
@@ -73,38 +75,34 @@ class OpenAIMethods:
     def _openai(self, parsed: "oa_req.Parsed") -> dict | Iterator[dict]:
         req = self._request(parsed.fields)
         rid, created, model = oa_resp.new_id(parsed.kind), oa_resp.now(), self.model_name
+        piece = self._pipeline().target.piece
         if not parsed.stream:
             result = self.generate(req)
             build = oa_resp.chat_completion if parsed.kind == oa_req.CHAT else oa_resp.text_completion
-            return build(result, id=rid, model=model, created=created,
+            return build(result, id=rid, model=model, created=created, piece=piece,
                          timings=oa_resp.timings(result, result.stats.get("n_prompt_cached", 0)))
-        return self._chunks(parsed, self.generate(req, stream=True), rid, created, model)
+        stream = self.generate(req, stream=True)
+        return self._chunks(Chunks(parsed.kind == oa_req.CHAT, dict(id=rid, model=model, created=created),
+                                   parsed.include_usage, stream.tools, piece), stream)
 
     @staticmethod
-    def _chunks(parsed: "oa_req.Parsed", stream, rid: str, created: int, model: str) -> Iterator[dict]:
-        chat = parsed.kind == oa_req.CHAT
-        common = dict(id=rid, model=model, created=created, include_usage=parsed.include_usage)
-        if chat:
-            yield oa_resp.chat_chunk(role=True, **common)
-        for piece in stream:
-            yield oa_resp.chat_chunk(content=piece, **common) if chat else oa_resp.completion_chunk(text=piece, **common)
-        result = stream.result
-        end = oa_resp.chat_chunk if chat else oa_resp.completion_chunk
-        yield end(finish_reason=result.finish_reason, **common)
-        if parsed.include_usage:
-            yield end(id=rid, model=model, created=created, usage=oa_resp.result_usage(result))
+    def _chunks(chunks: Chunks, stream) -> Iterator[dict]:
+        yield from chunks.first()
+        for text in stream:
+            yield from chunks.text(text, stream.logprobs)
+        yield from chunks.end(stream.result)
 
 
 # llama-cpp-python's arguments that would change the output and are not implemented, with the test
 # of the values that ask for nothing (its defaults pass: a call written for it keeps working).
 LLAMA_CPP_PYTHON_UNSUPPORTED = {
     "tfs_z": lambda v: v == 1, "mirostat_mode": lambda v: v == 0 and not isinstance(v, bool),
-    "logits_processor": lambda v: not v, "stopping_criteria": lambda v: not v, "grammar": lambda v: v is None,
+    "logits_processor": lambda v: not v, "stopping_criteria": lambda v: not v,
     "reasoning_effort": lambda v: v is None, "web_search_options": lambda v: v is None,   # (OpenAI's)
 }
 NEUTRAL = {"tfs_z": "1.0", "mirostat_mode": "0"}
 # Python objects, not JSON values: checked here, never put in the request body.
-OBJECTS = ("logits_processor", "stopping_criteria", "grammar")
+OBJECTS = ("logits_processor", "stopping_criteria")
 
 
 def _body(args: dict[str, Any], first: str) -> dict[str, Any]:
@@ -117,6 +115,9 @@ def _body(args: dict[str, Any], first: str) -> dict[str, Any]:
             raise oa_req.RequestError(f"{name} is not supported (got {shown}): llamaspec samples with penalties, "
                                   f"top_k, top_p, min_p and temperature only; leave it out"
                                   + (f" or pass {NEUTRAL[name]}" if name in NEUTRAL else ""), name)
+    grammar = args.get("grammar")
+    if grammar is not None and not isinstance(grammar, str):   # llama-cpp-python's LlamaGrammar: its GBNF text
+        args["grammar"] = getattr(grammar, "_grammar", grammar)
     body = {k: v for k, v in args.items() if v is not None and k not in LLAMA_CPP_PYTHON_UNSUPPORTED}
     body.setdefault(first, None)   # (present, so the parser names it when it is None)
     return body

@@ -119,9 +119,8 @@ def test_completion_body_is_raw_text():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("n", 2), ("best_of", 3), ("logprobs", True), ("top_logprobs", 2), ("echo", True), ("suffix", "x"),
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-    ("response_format", {"type": "json_object"}), ("logit_bias", {"1": 5}),
+    ("n", 2), ("best_of", 3), ("echo", True), ("suffix", "x"), ("guided_regex", "a+"),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"),
 ])
 def test_unsupported_fields_are_named(field, value):
     with pytest.raises(oa_req.RequestError) as e:

@@ -76,5 +76,7 @@ def param_of(error: UsageError) -> str | None:
     "temperature must be a number >= 0 ...")."""
     if isinstance(error, RequestError):
         return error.param
+    if getattr(error, "field", None):   # a grammar llama.cpp refused (runtime.grammar.GrammarError)
+        return error.field
     first = error.message.split(" ", 1)[0]
     return first if first.isidentifier() else None

@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 from llamaspec.openai.fields import CHAT
+from llamaspec.openai.logprobs import Piece, chat_logprobs, completion_logprobs
 
 
 def new_id(kind: str) -> str:
@@ -54,11 +55,21 @@ def timings(result: Any, cache_n: int = 0) -> dict:
             "draft_n": s.get("drafted", 0), "draft_n_accepted": s.get("accepted", 0)}
 
 
-def chat_completion(result: Any, *, id: str, model: str, created: int, timings: dict | None = None) -> dict:
-    """A `chat.completion` object for a finished generation."""
+def _no_piece(tok: int) -> bytes:
+    raise ValueError("logprobs need the model's piece() to name their tokens")
+
+
+def chat_completion(result: Any, *, id: str, model: str, created: int, timings: dict | None = None,
+                    piece: Piece = _no_piece) -> dict:
+    """A `chat.completion` object for a finished generation: its tool calls (Result.tool_calls,
+    with the text outside them as content) and logprobs when the request asked for them."""
+    message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    if getattr(result, "tool_calls", None):
+        message = {"role": "assistant", "content": result.content, "tool_calls": result.tool_calls}
     out = {"id": id, "object": "chat.completion", "created": created, "model": model,
-           "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                        "logprobs": None, "finish_reason": openai_finish_reason(result.finish_reason)}],
+           "choices": [{"index": 0, "message": message,
+                        "logprobs": chat_logprobs(getattr(result, "logprobs", None), piece),
+                        "finish_reason": openai_finish_reason(result.finish_reason)}],
            "usage": result_usage(result)}
     if timings is not None:
         out["timings"] = timings
@@ -67,20 +78,21 @@ def chat_completion(result: Any, *, id: str, model: str, created: int, timings: 
 
 def chat_chunk(*, id: str, model: str, created: int, content: str | None = None, role: bool = False,
                finish_reason: str | None = None, include_usage: bool = False, usage: dict | None = None,
-               timings: dict | None = None) -> dict:
+               timings: dict | None = None, delta: dict | None = None, logprobs: dict | None = None) -> dict:
     """A `chat.completion.chunk`. The stream is: a first chunk with role (content ""), content
-    chunks, a last chunk with an empty delta and finish_reason; with include_usage every chunk has
-    `usage: null` and one more chunk with no choices carries the usage (pass usage=...)."""
+    chunks (or `delta`s of a tool streamer: tool_calls pieces), a last chunk with an empty delta and
+    finish_reason; with include_usage every chunk has `usage: null` and one more chunk with no
+    choices carries the usage (pass usage=...). logprobs: the chunk's tokens' (chat_logprobs)."""
     out: dict[str, Any] = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model}
     if usage is not None:
         out["choices"] = []
     else:
-        delta: dict[str, Any] = {}
+        d: dict[str, Any] = dict(delta or {})
         if role:
-            delta["role"] = "assistant"
+            d["role"] = "assistant"
         if content is not None or role:
-            delta["content"] = content or ""
-        out["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
+            d["content"] = content or ""
+        out["choices"] = [{"index": 0, "delta": d, "logprobs": logprobs,
                            "finish_reason": openai_finish_reason(finish_reason)}]
     if include_usage or usage is not None:
         out["usage"] = usage
@@ -89,10 +101,12 @@ def chat_chunk(*, id: str, model: str, created: int, content: str | None = None,
     return out
 
 
-def text_completion(result: Any, *, id: str, model: str, created: int, timings: dict | None = None) -> dict:
+def text_completion(result: Any, *, id: str, model: str, created: int, timings: dict | None = None,
+                    piece: Piece = _no_piece) -> dict:
     """A `text_completion` object for a finished generation (/v1/completions)."""
     out = {"id": id, "object": "text_completion", "created": created, "model": model,
-           "choices": [{"index": 0, "text": result.text, "logprobs": None,
+           "choices": [{"index": 0, "text": result.text,
+                        "logprobs": completion_logprobs(getattr(result, "logprobs", None), piece),
                         "finish_reason": openai_finish_reason(result.finish_reason)}],
            "usage": result_usage(result)}
     if timings is not None:
@@ -101,12 +115,13 @@ def text_completion(result: Any, *, id: str, model: str, created: int, timings: 
 
 
 def completion_chunk(*, id: str, model: str, created: int, text: str = "", finish_reason: str | None = None,
-                     include_usage: bool = False, usage: dict | None = None, timings: dict | None = None) -> dict:
+                     include_usage: bool = False, usage: dict | None = None, timings: dict | None = None,
+                     logprobs: dict | None = None) -> dict:
     """A streamed `text_completion` piece (OpenAI streams completions as text_completion objects;
     the usage chunk, with include_usage, has no choices)."""
     out: dict[str, Any] = {"id": id, "object": "text_completion", "created": created, "model": model,
                            "choices": [] if usage is not None else
-                           [{"index": 0, "text": text, "logprobs": None,
+                           [{"index": 0, "text": text, "logprobs": logprobs,
                              "finish_reason": openai_finish_reason(finish_reason)}]}
     if include_usage or usage is not None:
         out["usage"] = usage

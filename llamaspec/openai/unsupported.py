@@ -60,19 +60,23 @@ def _samplers_neutral(v: Any) -> bool:
 # Fields that would change the output and that llamaspec does not implement, with the values that
 # ask for nothing. Dropping them silently would hand back something else than what was asked for.
 UNSUPPORTED = {
-    "n": lambda v: v is None or v == 1, "best_of": lambda v: v is None or v == 1,
-    "logprobs": _off, "top_logprobs": lambda v: v is None or v == 0, "echo": _off,
+    "n": lambda v: v is None or v == 1, "best_of": lambda v: v is None or v == 1, "echo": _off,
     "suffix": lambda v: v is None or v == "",
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "tools": lambda v: v is None or v == [], "tool_choice": lambda v: v is None or v == "none",
+    # (OpenAI's deprecated names of tools / tool_choice)
     "functions": lambda v: v is None or v == [], "function_call": lambda v: v is None or v == "none",
-    "logit_bias": lambda v: not v,
     "audio": _off, "modalities": lambda v: v is None or v == ["text"], "prediction": _off,
-    "grammar": _off, "json_schema": _off,
     # vLLM's extras, seen in batch files written for vLLM's run-batch
-    "guided_json": _off, "guided_regex": _off, "guided_choice": _off, "guided_grammar": _off,
     "use_beam_search": _off,
 }
+
+# Refused with their own reason: what to send instead.
+REASONS = {
+    "guided_regex": ("llama.cpp's regex-to-grammar conversion misreads common classes such as \\d and \\w; "
+                     "give the pattern as a GBNF grammar (guided_grammar) instead"),
+    "functions": "send tools (the same functions, as [{\"type\": \"function\", \"function\": ...}])",
+    "function_call": "send tool_choice",
+}
+UNSUPPORTED["guided_regex"] = _off
 
 # llama-server's own sampling fields (tools/server/server-schema.cpp): clients written for it send
 # them at their neutral values ("mirostat": 0, "typical_p": 1), which ask for nothing; any other
@@ -96,7 +100,7 @@ def unsupported_field(body: dict) -> tuple[str, str] | None:
     """The first field of `body` asking for something llamaspec does not do, with why; else None."""
     for key, harmless in UNSUPPORTED.items():
         if key in body and not harmless(body[key]):
-            return key, "llamaspec gives one plain-text choice per request"
+            return key, REASONS.get(key, "llamaspec gives one plain-text choice per request")
     for key, harmless in LLAMA_SERVER_UNSUPPORTED.items():
         if key in body and not harmless(body[key]):
             return key, ("llamaspec samples with penalties, top_k, top_p, min_p and temperature only; "

@@ -28,6 +28,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamaspec.openai import requests as oa_req, responses as oa_resp
+from llamaspec.openai.chunks import Chunks
 from llamaspec.generator import Request as GenRequest
 from llamaspec.serve.scheduler import Job, Scheduler
 
@@ -144,6 +145,7 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
                max_body: int = MAX_BODY, cors_origins: Sequence[str] = (), loopback_only: bool = False) -> FastAPI:
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None, openapi_url=None)
     created = oa_resp.now()
+    piece = sched.gen.pipeline.target.piece   # a token's bytes, for logprobs (reads the vocabulary only)
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -240,7 +242,7 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
                 raise ApiError(*ev[1:])
         _, result, cache_n = ev
         build = oa_resp.chat_completion if kind == oa_req.CHAT else oa_resp.text_completion
-        response = JSONResponse(build(result, **ids, timings=oa_resp.timings(result, cache_n)))
+        response = JSONResponse(build(result, **ids, timings=oa_resp.timings(result, cache_n), piece=piece))
         job.marks["built"] = time.perf_counter()
         sched.profile.job(job.marks)
         return response
@@ -264,23 +266,20 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
             raise
 
     async def _sse(job: Job, events: asyncio.Queue, parsed: oa_req.Parsed, ids: dict):
-        chat, usage = parsed.kind == oa_req.CHAT, parsed.include_usage
-        chunk = oa_resp.chat_chunk if chat else oa_resp.completion_chunk
+        chunks = Chunks(parsed.kind == oa_req.CHAT, ids, parsed.include_usage, job.tools, piece)
         finished = False
         try:
-            if chat:
-                yield {"data": json.dumps(oa_resp.chat_chunk(**ids, role=True, include_usage=usage))}
+            for c in chunks.first():
+                yield {"data": json.dumps(c)}
             while True:
                 ev = await events.get()
                 if ev[0] == "text":
-                    piece = {"content": ev[1]} if chat else {"text": ev[1]}
-                    yield {"data": json.dumps(chunk(**ids, **piece, include_usage=usage))}
+                    for c in chunks.text(ev[1], ev[2]):
+                        yield {"data": json.dumps(c)}
                 elif ev[0] == "done":
                     _, result, cache_n = ev
-                    yield {"data": json.dumps(chunk(**ids, finish_reason=result.finish_reason, include_usage=usage,
-                                                    timings=oa_resp.timings(result, cache_n)))}
-                    if usage:
-                        yield {"data": json.dumps(chunk(**ids, usage=oa_resp.result_usage(result)))}
+                    for c in chunks.end(result, oa_resp.timings(result, cache_n)):
+                        yield {"data": json.dumps(c)}
                     finished = True
                     yield {"data": "[DONE]"}
                     return

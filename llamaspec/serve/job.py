@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from llamaspec.generator import Request
+    from llamaspec.generator import Generator, Request
 
 #: Test-only fault injection (tests/test_serve_faults.py), off unless this variable is "1": a
 #: request whose prompt contains "<<fault:KIND>>" raises at that point. KIND is one of FAULT_KINDS:
@@ -47,6 +47,8 @@ class Job:
     error: BaseException | None = None  # a failure while its text was sent: ends it at the next reap
     ended: bool = False                # answered and counted out of the in-flight requests
     marks: dict = field(default_factory=dict)   # perf_counter times on its way (serve/profile.py)
+    tools: Any = None                  # the ToolPlan its reply's calls are parsed with (None: no tools)
+    seq: Any = None                    # its SequenceRun while it runs (streamed logprobs read it)
 
     def send(self, event: tuple) -> None:
         """emit, never raising into the engine thread (a closed event loop: the client is gone)."""
@@ -54,3 +56,15 @@ class Job:
             self.emit(event)
         except Exception:  # noqa: BLE001
             self.cancelled = True
+
+
+def prepare(gen: "Generator", req: "Request") -> tuple[list[int], Any, Any]:
+    """(tokens, config, tool plan or None) of a request: Generator._prepare without its length
+    check (the server answers a long prompt with llama-server's error). In a preparing thread."""
+    from llamaspec.constraints import constraints
+
+    with gen._owner.reading():   # close() does not free the model under the tokenizer
+        target = gen.pipeline.target
+        structured = constraints(req, target, gen.generation_options.grammar, target.chat_template)
+        tokens = gen._tokenize(target, req.prompt, req.chat, structured.plan)
+    return tokens, gen._config(req, structured), structured.plan if structured.calls else None

@@ -3,20 +3,18 @@ thread-safe). HTTP handlers hand it `Job`s through a queue and get events back t
 `emit` (which posts into the handler's asyncio queue):
 
     ("accepted", n_prompt)           the request is valid and waits for a slot
-    ("text", piece)                  streamed text (streaming jobs only)
+    ("text", piece, logprobs)        streamed text, and the tokens' logprobs so far (or None)
     ("done", Result, cache_n)        finished; cache_n prompt tokens came from the slot's KV cache
     ("error", status, message, param, code)
 
 Faults stay with their request: whatever raises while one request is prepared, admitted, has its
-text sent or is finished ends that request alone (a 500); a failure of the shared step (a
-llama_decode error) ends the sequences of that step; the in-flight count stays exact on every
-path. If the engine thread dies anyway, every waiting request gets a 500, `dead` says why and
-`on_death` is called (the server exits non-zero so that a supervisor restarts it).
+text sent or is finished ends that request alone (a 500); a failure of the shared step ends the
+sequences of that step; the in-flight count stays exact. If the engine thread dies anyway, every
+waiting request gets a 500, `dead` says why and `on_death` is called (the server exits non-zero).
 
 Chat templates are rendered and prompts tokenized in preparing threads (never the event loop,
-never the engine thread: a template's time limit holds in any thread), and a long prompt enters
-the shared steps in chunks beside the sequences generating (serve/prefill.py sizes them), so
-running streams keep flowing while it is evaluated.
+never the engine thread), and a long prompt enters the shared steps in chunks beside the
+sequences generating (serve/prefill.py sizes them), so running streams keep flowing.
 
 Up to `parallel` slots (llama.cpp sequence ids) are decoded together, the verify rows of all of
 them in one llama_decode per step, each with its own drafter state: the engine's own pieces, as
@@ -39,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 
 from llamaspec.errors import LlamaspecError, UsageError
 from llamaspec.openai.fields import param_of
-from llamaspec.serve.job import Job, fault_point
+from llamaspec.serve.job import Job, fault_point, prepare
 from llamaspec.serve.prefill import PrefillBudget
 from llamaspec.serve.profile import from_env as profile_from_env
 from llamaspec.serve.prompt_cache import PromptCache
@@ -53,6 +51,7 @@ MAX_PENDING = 1024   # requests waiting for a slot; beyond it: 503 (the client m
 PREPARING_THREADS = 2   # render + tokenize: milliseconds each, the GIL held for most of it
 _WAKE = object()
 _STOP = object()
+
 
 class Scheduler:
     """Owns `generator` from `start()` until `stop()` returns; see the module docstring."""
@@ -253,8 +252,7 @@ class Scheduler:
             return self._finished(job)
         try:
             fault_point(job, "prepare")
-            job.config = self.gen._config(job.request)
-            job.tokens = self.gen.tokenize(job.request.prompt, job.request.chat)
+            job.tokens, job.config, job.tools = prepare(self.gen, job.request)
         except UsageError as e:
             return self._fail(job, 400, e.message, param_of(e))
         except LlamaspecError as e:   # a chat template that refuses these messages
@@ -291,7 +289,7 @@ class Scheduler:
                                          job.tokens)
                 swap_in(self.prompt_cache, self.engine, slot, job.tokens, shared)
                 on_text = self._text_sink(job) if job.stream else None
-                seq = SequenceRun(self.engine, slot, job.tokens, job.config, on_text)
+                seq = job.seq = SequenceRun(self.engine, slot, job.tokens, job.config, on_text)
                 seq.start() if self.prefill is None else seq.begin()   # begin: its prompt comes in chunks
             except LlamaspecError as e:   # cannot run (the context): this request fails, the rest go on
                 self._drop(slot, seq)
@@ -313,7 +311,8 @@ class Scheduler:
                 return
             try:
                 fault_point(job, "text")
-                job.emit(("text", piece))
+                rules = job.seq.rules if job.seq is not None else None   # (logprobs: up to the last step)
+                job.emit(("text", piece, None if rules is None else rules.logprobs))
             except Exception as e:  # noqa: BLE001
                 job.error = e
         return on_text
@@ -385,7 +384,7 @@ class Scheduler:
             self._last_used[slot] = self._uses
             try:
                 fault_point(job, "finish")
-                result = self.gen._result(job.id, seq.finish())
+                result = self.gen._result(job.id, seq.finish(), job.tools)
                 cache_n = result.stats.get("n_prompt_cached", 0)
                 self.metrics.finished(result, cache_n)
             except Exception as e:  # noqa: BLE001 - this request's end failed: it alone gets the error

@@ -1,0 +1,155 @@
+"""Chat messages as pydantic models (text content, tool calls and tool results), the scalar
+checks the request models share (sampling numbers, 64-bit integers, strict types), and the one
+translation of a pydantic ValidationError into a RequestError naming the field.
+
+    >>> Message.model_validate({"role": "developer", "content": [{"type": "text", "text": "a"}]}).as_dict()
+    {'role': 'system', 'content': 'a'}
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Callable, Optional
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+
+from llamaspec.errors import INT64_MAX, INT64_MIN, SAMPLING_NUMBER, sampling_number_ok
+from llamaspec.openai.fields import RequestError, jtype, shown
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+
+
+class Refused(ValueError):
+    """A value a validator refuses: `message` follows the field's path ("must be ..."), or is the
+    whole message when `whole`."""
+
+    def __init__(self, message: str, whole: bool = False, param: str | None = None):
+        super().__init__(message)
+        self.message, self.whole, self.param = message, whole, param
+
+
+def strict(kind: type, what: str) -> Callable[[Any], Any]:
+    """A validator taking only `kind` (no coercion: "1" is not 1, true is not 1)."""
+    def check(v: Any) -> Any:
+        if v is not None and (not isinstance(v, kind) or (kind is not bool and isinstance(v, bool))):
+            raise Refused(f"must be {what}, got {jtype(v)}")
+        return v
+    return check
+
+
+def checked_int(v: Any) -> Any:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+        raise Refused(f"must be an integer, got {jtype(v)}")
+    if v is not None and not INT64_MIN <= v <= INT64_MAX:
+        raise Refused(f"must be a 64-bit integer (between -2^63 and 2^63-1), got {shown(v)}")
+    return v
+
+
+def checked_number(v: Any) -> Any:
+    """A sampling number: finite and within float32's range (llama.cpp's samplers take float)."""
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise Refused(f"must be a number, got {jtype(v)}")
+    if v is not None and not sampling_number_ok(v):
+        raise Refused(f"must be {SAMPLING_NUMBER} (got {shown(v) if isinstance(v, int) else repr(v)})")
+    return None if v is None else float(v)
+
+
+def _content(v: Any) -> Any:
+    """A string, or content parts of type text (joined by newlines, as vLLM joins them)."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        texts = []
+        for j, part in enumerate(v):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else jtype(part)
+                raise Refused(f"[{j}]: only text content parts are supported, got {kind!r}", param="messages")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise Refused(f"must be a string or an array of text parts, got {jtype(v)}")
+
+
+def _role(v: Any) -> Any:
+    if v not in ROLES:
+        raise Refused(f"must be one of {', '.join(ROLES)}, got {v!r}")
+    return v
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: Annotated[str, BeforeValidator(strict(str, "a string"))]
+    arguments: Annotated[str, BeforeValidator(strict(str, "a string (JSON text)"))] = "{}"
+
+
+class ToolCall(BaseModel):
+    """An assistant message's earlier call (OpenAI's form), kept for the chat template."""
+
+    model_config = ConfigDict(extra="allow")
+    id: Annotated[Optional[str], BeforeValidator(strict(str, "a string"))] = None
+    type: Annotated[str, BeforeValidator(strict(str, "a string"))] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Annotated[str, BeforeValidator(_role)]
+    content: Annotated[Optional[str], BeforeValidator(_content)] = None
+    name: Annotated[Optional[str], BeforeValidator(strict(str, "a string"))] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Annotated[Optional[str], BeforeValidator(strict(str, "a string"))] = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Message":
+        # only an assistant turn may be empty (its reply was tool calls, or it is to be continued)
+        if self.content is None and self.role != "assistant":
+            raise Refused(".content must be a string or an array of text parts, got null", param="messages")
+        if self.tool_calls and self.role != "assistant":
+            raise Refused(".tool_calls: only assistant messages carry tool calls", param="messages")
+        return self
+
+    def as_dict(self) -> dict:
+        """{role, content} (+ tool_calls, tool_call_id, name when given) for the chat template."""
+        out: dict[str, Any] = {"role": ROLES[self.role], "content": self.content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump(exclude_none=True) for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+# what a pydantic type error says the value must be
+_KINDS = {"int_type": "an integer", "float_type": "a number", "bool_type": "a boolean", "string_type": "a string",
+          "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object",
+          "list_type": "an array", "int_parsing": "an integer"}
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def to_request_error(e: ValidationError) -> RequestError:
+    """The first error of a pydantic validation as a RequestError: `param` the top-level field,
+    the message its path and what it must be."""
+    err = e.errors(include_url=False)[0]
+    loc = tuple(err["loc"])
+    path, param = _path(loc), (str(loc[0]) if loc else None)
+    exc = (err.get("ctx") or {}).get("error")
+    if isinstance(exc, RequestError):
+        return exc
+    if isinstance(exc, Refused):
+        if exc.whole:
+            return RequestError(exc.message, exc.param or param)
+        sep = "" if exc.message.startswith(("[", ".")) else " "   # (".x": a model's check of its field x)
+        return RequestError(f"{path}{sep}{exc.message}", exc.param or param)
+    kind, given = err["type"], err.get("input")
+    if kind == "missing":
+        return RequestError(f"{path} is required", param)
+    if kind == "too_short" and param == "messages" and len(loc) == 1:
+        return RequestError("messages must be a non-empty array of {role, content}, got an empty array", param)
+    if kind in _KINDS:
+        return RequestError(f"{path} must be {_KINDS[kind]}, got {jtype(given)}", param)
+    return RequestError(f"{path}: {err['msg']} (got {shown(given)})", param)
