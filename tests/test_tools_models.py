@@ -192,3 +192,29 @@ def test_a_trigger_token_running_past_the_opening_leaves_the_reply_free(smollm2_
     out = subprocess.run([sys.executable, "-c", _REPLAY, str(smollm2_f16), str(TEMPLATES / f"{name}.jinja"), text],
                          capture_output=True, text=True, env=child_env(), timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "free", out.stderr[-500:]
+
+
+@pytest.mark.parametrize("name", ["qwen2.5", "mistral-nemo"])
+def test_streamed_calls_join_to_the_whole_reply(tool_models, name):
+    """create_chat_completion(stream=True), the chunks serve sends: the tool_calls deltas, joined,
+    are the non-streamed reply's calls."""
+    from llamaspec import Generator
+
+    msgs = [{"role": "user", "content": "Wake me up on Monday at 7."}]
+    with Generator(tool_models[name], temperature=0, threads=1, max_tokens=120) as g:
+        whole = g.create_chat_completion(msgs, tools=[PICK, SET_ALARM], tool_choice="required",
+                                         parallel_tool_calls=False)["choices"][0]
+        chunks = list(g.create_chat_completion(msgs, tools=[PICK, SET_ALARM], tool_choice="required",
+                                               parallel_tool_calls=False, stream=True))
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
+    calls: dict[int, list] = {}
+    for c in chunks:
+        for choice in c.get("choices", []):
+            assert not choice["delta"].get("content")
+            for tc in choice["delta"].get("tool_calls", []):
+                entry = calls.setdefault(tc["index"], ["", ""])
+                entry[0] += tc["function"].get("name", "")
+                entry[1] += tc["function"]["arguments"]
+    want = [[c["function"]["name"], c["function"]["arguments"]] for c in whole["message"]["tool_calls"]]
+    assert [calls[i] for i in sorted(calls)] == want
+    assert [ch["finish_reason"] for c in chunks for ch in c.get("choices", []) if ch["finish_reason"]] == ["tool_calls"]
