@@ -23,7 +23,7 @@ Worked example:
 >>> items[0]  # doctest: +NORMALIZE_WHITESPACE
 Request(id='7', line=1, prompt='Hi', messages=None, max_tokens=None, temperature=None,
         seed=None, stop=['.'], top_p=None, openai=None, top_k=None, min_p=None,
-        repeat_penalty=None, presence_penalty=None, frequency_penalty=None)
+        repeat_penalty=None, presence_penalty=None, frequency_penalty=None, structured={})
 >>> items[1]  # doctest: +NORMALIZE_WHITESPACE
 LineError(id='line-3', line=3, message='prompt must be a string, got number', openai=None,
           param='prompt')
@@ -72,6 +72,7 @@ class Request:
     repeat_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    structured: dict = field(default_factory=dict)   # grammar, logprobs, tools, ... (openai.requests.STRUCTURED)
 
 
 @dataclass
@@ -154,7 +155,8 @@ def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
                    max_completion if max_completion is not None else max_tokens,
                    _num(d, "temperature"), _int(d, "seed"), _openai_checked(oa_req.parse_stop, d.get("stop")),
                    _num(d, "top_p", 1.0), openai, _int(d, "top_k"), _num(d, "min_p", 1.0, open_low=False),
-                   _positive(d, "repeat_penalty"), _penalty(d, "presence_penalty"), _penalty(d, "frequency_penalty"))
+                   _positive(d, "repeat_penalty"), _penalty(d, "presence_penalty"), _penalty(d, "frequency_penalty"),
+                   _openai_checked(oa_req.structured_fields, d, messages is not None))
 
 
 def _positive(d: dict, key: str) -> float | None:

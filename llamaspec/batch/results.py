@@ -24,6 +24,7 @@ from typing import Any, Iterable, Iterator
 
 from llamaspec.batch.requests import CHAT, LineError, Request
 from llamaspec.errors import InputError, disk_full
+from llamaspec.openai.logprobs import chat_logprobs, completion_logprobs
 
 __all__ = ["result_record", "error_record", "record_failed", "recorded_ids", "OutputFile", "InOrder", "openai_finish_reason"]
 
@@ -37,7 +38,8 @@ def _openai_line(custom_id: str, status: int, body: dict) -> dict:
             "error": None}
 
 
-def result_record(req: Request, text: str, finish_reason: str, stats: dict, model: str) -> dict:
+def result_record(req: Request, text: str, finish_reason: str, stats: dict, model: str, result: Any = None,
+                  piece: Any = None) -> dict:
     """The OUTPUT line of a finished request. `stats` holds at least `n_prompt` and
     `n_generated`. Own form: {"id", "text", "finish_reason", **stats}. OpenAI form: {"id":
     "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id", "body": {"object":
@@ -45,14 +47,22 @@ def result_record(req: Request, text: str, finish_reason: str, stats: dict, mode
     text}, "logprobs": null, "finish_reason"}], "usage": {"prompt_tokens", "completion_tokens",
     "total_tokens"}, "id", "created", "model"}}, "error": null}; for /v1/completions the body is
     a "text_completion" with choices[0].text. OpenAI's form has OpenAI's finish reasons only
-    (`openai_finish_reason`: "context", the context filled, is "length"); our own keeps ours."""
+    (`openai_finish_reason`: "context", the context filled, is "length"); our own keeps ours.
+    result (a generator Result): its tool_calls and logprobs go into the record (own form: as
+    Result.to_dict writes them; OpenAI's: its shapes, token texts by `piece`, a token's bytes)."""
     if req.openai is None:
         rec = {"id": req.id, "text": text, "finish_reason": finish_reason}
         rec.update((k, v) for k, v in stats.items() if k not in rec)
+        if result is not None:
+            rec.update((k, v) for k, v in result.to_dict().items() if k in ("tool_calls", "content", "logprobs"))
         return rec
     chat = req.openai == CHAT
-    choice = {"index": 0, **({"message": {"role": "assistant", "content": text}} if chat
-                             else {"text": text}), "logprobs": None,
+    message = {"role": "assistant", "content": text}
+    if result is not None and result.tool_calls:
+        message = {"role": "assistant", "content": result.content, "tool_calls": result.tool_calls}
+    lps = None if result is None or piece is None else result.logprobs
+    choice = {"index": 0, **({"message": message} if chat else {"text": text}),
+              "logprobs": None if lps is None else (chat_logprobs if chat else completion_logprobs)(lps, piece),
               "finish_reason": openai_finish_reason(finish_reason)}
     p, c = stats["n_prompt"], stats["n_generated"]
     body = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",

@@ -207,3 +207,20 @@ def parse_messages(v: Any) -> list[dict]:
         return [m.as_dict() for m in ChatBody.model_validate({"messages": v}).messages]
     except ValidationError as e:
         raise to_request_error(e) from None
+
+
+#: Request fields of a body's constraint, logprobs, bias and tools (what batch lines add to theirs)
+STRUCTURED = ("grammar", "logit_bias", "logprobs", "tools", "tool_choice", "parallel_tool_calls")
+_STRUCTURED_KEYS = (*STRUCTURED, "top_logprobs", "response_format", "json_schema", "guided_json", "guided_grammar",
+                    "guided_choice")
+
+
+def structured_fields(body: dict, chat: bool) -> dict[str, Any]:
+    """The STRUCTURED Request fields of a body, parsed as /v1/chat/completions (chat) or
+    /v1/completions parse them (batch lines of either form: the same fields, the same errors)."""
+    probe = {k: body[k] for k in _STRUCTURED_KEYS if k in body}
+    if not probe:
+        return {}
+    fields = (parse_chat({**probe, "messages": [{"role": "user", "content": ""}]}) if chat
+              else parse_completion({**probe, "prompt": ""})).fields
+    return {k: fields[k] for k in STRUCTURED if fields.get(k) is not None}
