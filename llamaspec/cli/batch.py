@@ -118,7 +118,8 @@ def batch(
                             write(req.id, io.error_record(req, res.error.message, code=code))
                             out.warn(f"line {req.line} ({req.id}): {res.error.message}")
                         else:
-                            write(req.id, io.result_record(req, res.text, res.finish_reason, res.stats, ident["target_ref"]))
+                            write(req.id, io.result_record(req, res.text, res.finish_reason, res.stats, ident["target_ref"],
+                                                           res, ident.get("piece")))
                         progress.update(res)
                 except KeyboardInterrupt:   # (and SIGTERM): every finished record is in OUTPUT, fsynced
                     from llamaspec.cli._errors import interrupted_exit_code
@@ -157,7 +158,7 @@ def _engine_request(request_type, r, completions: str):
                         temperature=r.temperature, top_p=r.top_p, seed=r.seed, stop=r.stop or None,
                         chat=False if r.openai == completions else None, top_k=r.top_k, min_p=r.min_p,
                         repeat_penalty=r.repeat_penalty, presence_penalty=r.presence_penalty,
-                        frequency_penalty=r.frequency_penalty)
+                        frequency_penalty=r.frequency_penalty, **r.structured)
 
 
 @contextmanager
@@ -171,7 +172,7 @@ def _engine(model, opts: GenerationOptions, ray_address: str | None, ray_workers
             r = g.resolved
             yield g, {"target_path": r.target_path, "target_size": r.target_path.stat().st_size,
                       "target_ref": str(r.target_ref), "draft_path": r.draft_path, "describe": g.describe(),
-                      "tuned": g.tuned, "notes": g.notes, "details": r.details}
+                      "tuned": g.tuned, "notes": g.notes, "details": r.details, "piece": g.pipeline.target.piece}
         return
     import ray
 
