@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from llamaspec.openai.fields import RequestError
-from llamaspec.openai.tools import plan_tools, plain_messages
+from llamaspec.openai.tools import plan_tools
+from llamaspec.runtime.chat_template import render
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "tools"
 SMOL_LIKE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -191,8 +192,11 @@ def test_generic_fallback_messages():
     assert own[0]["content"].startswith("Be brief.\n\nYou can call any of the following tools") and len(own) == 2
     # "none": history as text, no instruction; no tools: the same for a template without tool support
     assert plan_tools(TOOLS, "none", None, SMOL_LIKE).messages(history)[0]["role"] == "user"
-    assert plain_messages(history, SMOL_LIKE)[1]["content"].startswith('{"tool_calls"')
-    assert plain_messages(history, template("hermes")) is history
+    # a request without tools whose history has calls: the template renders them as text
+    prompt = render(SMOL_LIKE, history, source="t")
+    assert '<|im_start|>assistant\n{"tool_calls": [{"name": "get_weather"' in prompt
+    assert '<|im_start|>user\n{"tool_response": {"tool": "get_weather"' in prompt and "<|im_start|>tool" not in prompt
+    assert "<tool_call>\n{\"name\": \"get_weather\"" in render(template("hermes"), history, source="t")
 
 
 def test_mistral_call_ids_made_nine_characters():

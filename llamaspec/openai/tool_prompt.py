@@ -11,9 +11,10 @@ The system prompt (appended to the first system message, or a new first system m
     {"response": "..."}
 
 (`tool_calls` with a list when parallel calls are allowed; only the call when one is required.)
-History: an assistant message's calls become its content, the JSON the model itself would write;
-a `tool` message becomes a user message {"tool_response": {"tool", "content", "tool_call_id"}}
-(consecutive ones merged, as templates that want alternating roles need).
+History (runtime/chat_template.history_as_text): an assistant message's calls become its content,
+the JSON the model itself would write; a `tool` message becomes a user message
+{"tool_response": {"tool", "content", "tool_call_id"}} (consecutive ones merged, as templates
+that want alternating roles need).
 """
 
 from __future__ import annotations
@@ -48,54 +49,6 @@ def add_system(messages: list[dict], text: str) -> list[dict]:
         first["content"] = f"{first.get('content') or ''}\n\n{text}"
         return [first, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]
-
-
-def _arguments(v: Any) -> Any:
-    if isinstance(v, str):
-        try:
-            return json.loads(v)
-        except ValueError:
-            return v
-    return v
-
-
-def calls_as_text(message: dict, parallel: bool) -> str:
-    """An assistant message's tool_calls as the generic JSON (its content, if any, in front)."""
-    calls = [{"name": (c.get("function") or {}).get("name"),
-              "arguments": _arguments((c.get("function") or {}).get("arguments"))}
-             for c in message.get("tool_calls") or []]
-    obj = {"tool_call": calls[0]} if len(calls) == 1 and not parallel else {"tool_calls": calls}
-    content = message.get("content")
-    return (f"{content}\n" if isinstance(content, str) and content else "") + json.dumps(obj, ensure_ascii=False)
-
-
-def history_as_text(messages: list[dict], parallel: bool = True) -> list[dict]:
-    """Messages a template without tool support renders: calls and tool results as text."""
-    names: dict[str, str] = {}
-    out: list[dict] = []
-    for m in messages:
-        role = m.get("role")
-        if role == "assistant" and m.get("tool_calls"):
-            for c in m["tool_calls"]:
-                names[str(c.get("id"))] = (c.get("function") or {}).get("name")
-            rest = {k: v for k, v in m.items() if k != "tool_calls"}
-            out.append({**rest, "content": calls_as_text(m, parallel)})
-        elif role == "tool":
-            resp: dict = {}
-            name = m.get("name") or names.get(str(m.get("tool_call_id")))
-            if name:
-                resp["tool"] = name
-            resp["content"] = m.get("content")
-            if m.get("tool_call_id") is not None:
-                resp["tool_call_id"] = m["tool_call_id"]
-            text = json.dumps({"tool_response": resp}, ensure_ascii=False)
-            if out and out[-1].get("_tool"):
-                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
-            else:
-                out.append({"role": "user", "content": text, "_tool": True})
-        else:
-            out.append(m)
-    return [{k: v for k, v in m.items() if k != "_tool"} for m in out]
 
 
 def mistral_ids(messages: list[dict]) -> list[dict]:

@@ -27,10 +27,11 @@ from llamaspec.openai.fields import RequestError
 from llamaspec.openai.tool_formats import (GENERIC, LLAMA3, LLAMA_BUILTINS, MISTRAL, PYTHON_TAG, SCANNERS, Call,
                                            assemble, detect_format, settle, takes_tools)
 from llamaspec.openai.tool_grammar import tool_grammar
-from llamaspec.openai.tool_prompt import add_system, describe, history_as_text, instruction, mistral_ids
+from llamaspec.openai.tool_prompt import add_system, describe, instruction, mistral_ids
+from llamaspec.runtime.chat_template import history_as_text
 from llamaspec.runtime.grammar import GrammarError, GrammarSpec, grammar_from_schema
 
-__all__ = ["ToolPlan", "plan_tools", "validate_tools", "plain_messages", "new_call_id"]
+__all__ = ["ToolPlan", "plan_tools", "validate_tools", "new_call_id"]
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _ALNUM = string.ascii_letters + string.digits
@@ -131,14 +132,6 @@ def _is_builtin(fn: dict) -> bool:
     key = LLAMA_BUILTINS.get(fn["name"])
     props = fn["parameters"].get("properties") or {}
     return key is not None and list(props) == [key] and key in (fn["parameters"].get("required") or [])
-
-
-def plain_messages(messages: list[dict], template: str | None) -> list[dict]:
-    """A request without tools whose history has tool calls or results: as text for a template
-    that cannot render them, unchanged for one that can."""
-    if template and "tool_calls" in template:
-        return mistral_ids(messages) if detect_format(template) == MISTRAL else messages
-    return history_as_text(messages)
 
 
 @dataclass

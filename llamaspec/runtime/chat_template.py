@@ -182,11 +182,61 @@ def render(template: str, messages: list[dict[str, Any]], *, source: str, bos_to
     time_limit: seconds (default TIME_LIMIT), counted from the start of compiling, in any thread.
     tools: OpenAI's tools list for templates that render tools (None: the template's own default).
     Assistant messages with tool_calls get content "" for None, and their arguments (a JSON
-    string in OpenAI's form) as an object when the template renders objects (llama.cpp's caps)."""
-    if any(m.get("tool_calls") for m in messages):
-        messages = _tool_call_messages(template, messages)
+    string in OpenAI's form) as an object when the template renders objects (llama.cpp's caps);
+    a template that renders no tool calls gets calls and tool results as text (history_as_text,
+    as minja's polyfills do)."""
+    if any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+        messages = _tool_call_messages(template, messages) if "tool_calls" in template else history_as_text(messages)
     return _render(template, messages, source=source, bos_token=bos_token, eos_token=eos_token,
                    add_generation_prompt=add_generation_prompt, time_limit=time_limit, tools=tools, **extra)
+
+
+def _arguments(v: Any) -> Any:
+    if isinstance(v, str):
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v
+
+
+def calls_as_text(message: dict, parallel: bool) -> str:
+    """An assistant message's tool_calls as the generic JSON (its content, if any, in front)."""
+    calls = [{"name": (c.get("function") or {}).get("name"),
+              "arguments": _arguments((c.get("function") or {}).get("arguments"))}
+             for c in message.get("tool_calls") or []]
+    obj = {"tool_call": calls[0]} if len(calls) == 1 and not parallel else {"tool_calls": calls}
+    content = message.get("content")
+    return (f"{content}\n" if isinstance(content, str) and content else "") + json.dumps(obj, ensure_ascii=False)
+
+
+def history_as_text(messages: list[dict], parallel: bool = True) -> list[dict]:
+    """Messages a template without tool support renders: calls and tool results as text."""
+    names: dict[str, str] = {}
+    out: list[dict] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant" and m.get("tool_calls"):
+            for c in m["tool_calls"]:
+                names[str(c.get("id"))] = (c.get("function") or {}).get("name")
+            rest = {k: v for k, v in m.items() if k != "tool_calls"}
+            out.append({**rest, "content": calls_as_text(m, parallel)})
+        elif role == "tool":
+            resp: dict = {}
+            name = m.get("name") or names.get(str(m.get("tool_call_id")))
+            if name:
+                resp["tool"] = name
+            resp["content"] = m.get("content")
+            if m.get("tool_call_id") is not None:
+                resp["tool_call_id"] = m["tool_call_id"]
+            text = json.dumps({"tool_response": resp}, ensure_ascii=False)
+            if out and out[-1].get("_tool"):
+                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
+            else:
+                out.append({"role": "user", "content": text, "_tool": True})
+        else:
+            out.append(m)
+    return [{k: v for k, v in m.items() if k != "_tool"} for m in out]
 
 
 def _tool_call_messages(template: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -194,7 +244,7 @@ def _tool_call_messages(template: str, messages: list[dict[str, Any]]) -> list[d
     out = []
     for m in messages:
         if m.get("tool_calls"):
-            calls = [_object_arguments(c) if objects else c for c in m["tool_calls"]]
+            calls = [_object_arguments(call) if objects else call for call in m["tool_calls"]]
             m = {**m, "content": "" if m.get("content") is None else m["content"], "tool_calls": calls}
         out.append(m)
     return out
