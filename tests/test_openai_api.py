@@ -67,7 +67,7 @@ def test_completion_and_call_are_raw_text_completions(llm):
     _agree(llm, prompt, out["choices"][0]["text"], streamed, "streamed vs whole")
 
 
-@pytest.mark.parametrize("kwargs, field", [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
+@pytest.mark.parametrize("kwargs, field", [({"n": 2}, "n"), ({"top_logprobs": 3}, "top_logprobs"),
                                            ({"tools": [{"type": "function"}]}, "tools"),
                                            ({"temperature": -1}, "temperature"), ({"top_p": 5}, "top_p")])
 def test_unsupported_or_bad_arguments_are_refused_by_name(llm, kwargs, field):

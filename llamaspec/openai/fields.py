@@ -8,6 +8,7 @@ it too): the request error, JSON's type names, the `stop` rule and the no-limit 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from llamaspec.errors import UsageError
@@ -73,10 +74,14 @@ def parse_stop(v: Any, name: str = "stop") -> list[str]:
 
 def param_of(error: UsageError) -> str | None:
     """The request field a validation error of the engine names (its messages start with it:
-    "temperature must be a number >= 0 ...")."""
+    "temperature must be a number >= 0 ...", "logit_bias: 7 is not ...").
+
+        >>> param_of(UsageError("logit_bias: '99' is not a token id of this model"))
+        'logit_bias'
+    """
     if isinstance(error, RequestError):
         return error.param
     if getattr(error, "field", None):   # a grammar llama.cpp refused (runtime.grammar.GrammarError)
         return error.field
-    first = error.message.split(" ", 1)[0]
-    return first if first.isidentifier() else None
+    m = re.match(r"([A-Za-z_]\w*)(?=[ :.\[]|$)", error.message)   # "logit_bias: ...", "stop[2] ..."
+    return m.group(1) if m else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Callable, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from llamaspec.errors import INT64_MAX, INT64_MIN, SAMPLING_NUMBER, sampling_number_ok
 from llamaspec.openai.fields import RequestError, jtype, shown
@@ -91,7 +91,7 @@ class ToolCall(BaseModel):
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: Annotated[str, BeforeValidator(_role)]
+    role: Annotated[str, BeforeValidator(_role), Field(validate_default=True)] = None   # (absent: named too)
     content: Annotated[Optional[str], BeforeValidator(_content)] = None
     name: Annotated[Optional[str], BeforeValidator(strict(str, "a string"))] = None
     tool_calls: Optional[list[ToolCall]] = None
@@ -107,15 +107,13 @@ class Message(BaseModel):
         return self
 
     def as_dict(self) -> dict:
-        """{role, content} (+ tool_calls, tool_call_id, name when given) for the chat template."""
+        """{role, content} (+ tool_calls, tool_call_id when given) for the chat template."""
         out: dict[str, Any] = {"role": ROLES[self.role], "content": self.content or ""}
         if self.tool_calls:
             out["tool_calls"] = [c.model_dump(exclude_none=True) for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
-        if self.name is not None:
-            out["name"] = self.name
-        return out
+        return out   # (a participant's `name` is not passed on: templates do not render it)
 
 
 # what a pydantic type error says the value must be
@@ -148,8 +146,9 @@ def to_request_error(e: ValidationError) -> RequestError:
     kind, given = err["type"], err.get("input")
     if kind == "missing":
         return RequestError(f"{path} is required", param)
-    if kind == "too_short" and param == "messages" and len(loc) == 1:
-        return RequestError("messages must be a non-empty array of {role, content}, got an empty array", param)
+    if kind in ("too_short", "list_type") and param == "messages" and len(loc) == 1:
+        got = "an empty array" if kind == "too_short" else jtype(given)
+        return RequestError(f"messages must be a non-empty array of {{role, content}}, got {got}", param)
     if kind in _KINDS:
         return RequestError(f"{path} must be {_KINDS[kind]}, got {jtype(given)}", param)
     return RequestError(f"{path}: {err['msg']} (got {shown(given)})", param)
