@@ -16,13 +16,16 @@ from __future__ import annotations
 import json
 import re
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_STRING_BODY = re.compile(r'(?:[^"\\]|\\.)*', re.S)
+# (unrolled: a run of plain characters at a time, not one alternation per character)
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.S)
 _STRUCT = re.compile(r'["{}\[\]]')
 _WS = re.compile(r"[ \t\r\n]*")
 _SCALAR_START = re.compile(r"[-0-9tfn]")
 _SCALAR_END = re.compile(r"[,}\]\s]")
-_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{0,4}|.?)", re.S)
+# at the end of a string's text: a \\u escape not finished, or a high surrogate whose low half
+# has not come (searched in the last characters only: this runs on every streamed piece)
+_U_TAIL = re.compile(r"\\u(?:[0-9a-fA-F]{0,3}|[dD][89abAB][0-9a-fA-F]{2})$")
 
 
 class Malformed(ValueError):
@@ -136,16 +139,16 @@ def string_prefix(text: str, i: int) -> str:
     without an escape still being written (nor half a surrogate pair)."""
     body = _STRING_BODY.match(text, i + 1).group()
     while True:
-        last = None
-        for last in _ESCAPE.finditer(body):
-            pass
-        if last is None or last.end() != len(body):
-            break
-        esc = last.group(1)
-        if not (esc == "" or (esc[0] == "u" and (len(esc) < 5 or 0xD800 <= int(esc[1:], 16) <= 0xDBFF))):
-            break
-        body = body[:last.start()]
-    return json.loads('"' + body + '"', strict=False)
+        if (len(body) - len(body.rstrip("\\"))) % 2:   # a backslash whose escape has not come
+            body = body[:-1]
+            continue
+        m = _U_TAIL.search(body, max(0, len(body) - 8))
+        k = m.start() if m else 0
+        while m and k > 0 and body[k - 1] == "\\":
+            k -= 1
+        if not m or (m.start() - k) % 2:   # (an escaped backslash before the 'u': plain text)
+            return json.loads('"' + body + '"', strict=False)
+        body = body[:m.start()]
 
 
 def loads(text: str, start: int, end: int):
