@@ -271,3 +271,13 @@ def test_a_reply_cut_inside_its_only_call_is_text():
     plan = plan_tools(TOOLS, "auto", None, template("hermes"))
     text = 'Sure.\n<tool_call>\n{"name": "get_weather", "argu'
     assert plan.parse(text) == (text, [])
+
+
+@pytest.mark.parametrize("raw,decoded", [
+    ('"ab\\u00', "ab"), ('"ab\\n x\\', "ab\n x"), ('"a\\ud83d', "a"), ('"a\\ud83d\\ude00"', "a😀"),
+    ('"a\\\\', "a\\"), ('"a\\\\\\', "a\\"), ('"x\\ud83d\\', "x"), ('"x\\\\u00', "x\\u00"),
+])
+def test_a_streamed_string_is_decoded_up_to_its_last_whole_character(raw, decoded):
+    from llamaspec.openai.tool_json import string_prefix
+
+    assert string_prefix(raw, 0) == decoded
