@@ -136,6 +136,9 @@ def _is_builtin(fn: dict) -> bool:
 
 @dataclass
 class ToolPlan:
+    """How one request's tools are rendered (template_kwargs, messages), constrained (grammar)
+    and read back (parse, streamer); made by plan_tools."""
+
     format: str                        # "hermes", "llama3", "mistral" or "generic"
     choice: str                        # "auto", "required" (also a named function) or "none"
     parallel: bool
