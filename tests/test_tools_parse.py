@@ -220,6 +220,8 @@ def test_mistral_call_ids_made_nine_characters():
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "n": {"type": "integer", "minimum": 3}}}}}], None, "tools[0].function.parameters"),
     ([{"type": "function", "function": {"name": "f", "description": 3}}], None, "tools[0].function.description"),
+    ([WEATHER, {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "a": {"$ref": "#/$defs/Missing"}}}}}], None, "tools[1].function.parameters"),
     (TOOLS, "sometimes", "tool_choice"),
     (TOOLS, {"type": "function", "function": {"name": "nope"}}, "tool_choice.function.name"),
     (None, "required", "tool_choice"),

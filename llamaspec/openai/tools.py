@@ -79,6 +79,8 @@ def validate_tools(tools: Any) -> list[dict]:
             grammar_from_schema(params, where_p)
         except GrammarError as e:
             raise RequestError(str(e), where_p) from None
+        except AssertionError as e:   # (the converter asserts on a $ref it cannot resolve)
+            raise RequestError(f"{where_p}: the JSON schema cannot be converted to a grammar: {e}", where_p) from None
         out.append({"name": name, **({"description": desc} if desc is not None else {}), "parameters": params})
     return out
 
