@@ -196,7 +196,7 @@ def test_batch_flag_is_the_default_and_a_lines_own_schema_wins(run_cli, smollm2_
     records = {}
     for line in (tmp_path / "out.jsonl").read_text().splitlines():
         rec = json.loads(line)
-        records[rec.get("id") or rec.get("custom_id")] = rec
+        records[rec.get("custom_id") or rec["id"]] = rec   # (an OpenAI-form record has an id of its own)
     jsonschema.validate(json.loads(records["flag"]["text"]), PERSON)
     jsonschema.validate(json.loads(records["own"]["text"]), enum)
     content = records["openai"]["response"]["body"]["choices"][0]["message"]["content"]
