@@ -81,3 +81,35 @@ def test_per_call_sampling_applies(llm):
     greedy = llm.create_chat_completion(MESSAGES, max_tokens=10)["choices"][0]["message"]["content"]
     top1 = llm.create_chat_completion(MESSAGES, top_k=1, **hot)["choices"][0]["message"]["content"]
     _agree(llm, _chat_prompt(llm), greedy, top1, "top_k 1 at temperature 2 vs greedy")
+
+
+def test_structured_output_logprobs_and_tools_through_the_python_api(llm):
+    import json
+
+    from llama_cpp.llama_grammar import LlamaGrammar
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    out = llm.create_chat_completion(MESSAGES, max_tokens=20, logprobs=True, top_logprobs=1,
+                                     response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    body = ChatCompletion.model_validate(out)
+    assert isinstance(json.loads(body.choices[0].message.content)["n"], int)
+    assert len(body.choices[0].logprobs.content) == body.usage.completion_tokens
+    chunks = [ChatCompletionChunk.model_validate(c) for c in
+              llm.create_chat_completion(MESSAGES, max_tokens=20, logprobs=True, stream=True,
+                                         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})]
+    streamed = [t.token for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert "".join(streamed) == body.choices[0].message.content
+    # llama-cpp-python's grammar argument: GBNF text or its LlamaGrammar object
+    yes_no = 'root ::= "yes" | "no"'
+    for grammar in (yes_no, LlamaGrammar.from_string(yes_no, verbose=False)):
+        assert llm.create_chat_completion(MESSAGES, grammar=grammar)["choices"][0]["message"]["content"] in ("yes", "no")
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+    ask = [{"role": "user", "content": "Add 2 and 3."}]
+    one = dict(tools=tools, tool_choice="required", parallel_tool_calls=False, max_tokens=120)   # (Q4 repeats calls)
+    call = llm.create_chat_completion(ask, **one)["choices"][0]
+    assert call["finish_reason"] == "tool_calls" and call["message"]["tool_calls"][0]["function"]["name"] == "add"
+    deltas = [c["choices"][0]["delta"] for c in llm.create_chat_completion(ask, **one, stream=True) if c["choices"]]
+    args = "".join(d["tool_calls"][0]["function"].get("arguments", "") for d in deltas if "tool_calls" in d)
+    assert set(json.loads(args)) == {"a", "b"}
