@@ -268,8 +268,9 @@ class Generator(OpenAIMethods):
         """One generation. on_text(piece, from_draft, drafter) streams the text as it comes.
         stream=True returns a `TextStream` instead: iterate it for the text pieces, then read its
         `result` (llamaspec/streaming.py). Keywords are a `Request`'s (max_tokens, temperature,
-        seed, stop, ...): `generate("Hi", temperature=0, max_tokens=8)`; with a Request they
-        override its fields. A prompt longer than the context is a UsageError (PromptTooLong)."""
+        seed, stop, json_schema, grammar, logprobs, logit_bias, tools, ...): `generate("Hi",
+        temperature=0, max_tokens=8)`; with a Request they override its fields. A prompt longer
+        than the context is a UsageError (PromptTooLong)."""
         unknown = sorted(set(fields) - REQUEST_FIELDS)
         if unknown:
             raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}")
