@@ -140,19 +140,25 @@ def test_lazy_grammar_waits_for_the_call(f16, name, opening, good, bad):
     assert _allows_text(f16, state, good) and not _allows_text(f16, state, bad)
 
 
-@pytest.mark.real
-@pytest.mark.parametrize("choice", ["required", "named", "auto-one", "refs"])
-def test_smollm2_generic_calls_validate(smollm2_f16, choice):
-    """SmolLM2's template takes no tools: the generic fallback. Greedy, under the plan's grammar,
-    through the Generator; the call's arguments validate against the function's parameters."""
+@pytest.fixture(scope="module")
+def smol(smollm2_f16):
     from llamaspec import Generator
 
+    with Generator(smollm2_f16, temperature=0, threads=1, max_tokens=80) as g:
+        yield g
+
+
+@pytest.mark.real
+@pytest.mark.slow
+@pytest.mark.parametrize("choice", ["required", "named", "auto-one", "refs"])
+def test_smollm2_generic_calls_validate(smol, choice):
+    """SmolLM2's template takes no tools: the generic fallback. Greedy, under the plan's grammar,
+    through the Generator; the call's arguments validate against the function's parameters."""
     tool_choice = {"required": "required", "auto-one": "auto", "refs": {"type": "function", "function": {"name": "book_trip"}},
                    "named": {"type": "function", "function": {"name": "get_weather"}}}[choice]
     ask = "Book me three nights in Paris, France." if choice == "refs" else "What is the weather in Paris, in celsius?"
-    with Generator(smollm2_f16, temperature=0, threads=1, max_tokens=80) as g:
-        r = g.generate([{"role": "user", "content": ask}], tools=[GET_WEATHER, SET_ALARM, BOOK],
-                       tool_choice=tool_choice, parallel_tool_calls=False)
+    r = smol.generate([{"role": "user", "content": ask}], tools=[GET_WEATHER, SET_ALARM, BOOK],
+                      tool_choice=tool_choice, parallel_tool_calls=False)
     assert json.loads(r.text)   # the generic form: the whole reply is one JSON object
     assert r.finish_reason == "tool_calls" and len(r.tool_calls) == 1, r.text
     call = r.tool_calls[0]["function"]
