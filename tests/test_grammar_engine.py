@@ -18,12 +18,13 @@ from llamaspec.errors import UsageError
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.grammar import GrammarError, GrammarSpec, GrammarState, grammar_from_schema
 from llamaspec.runtime.llama import Model
-from llamaspec.speculative.constrained import bias_vector, constrained_distribution, pick
+from llamaspec.speculative.constrained import bias_vector, constrained_distribution, masked_row, pick
 from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.speculative.engine import GenerationConfig, SpecEngine
 from llamaspec.speculative.options import SpecOptions, parse_spec_types
 from llamaspec.speculative.pipeline import load_pipeline
 from llamaspec.speculative.sampling_params import SamplingParams
+from llamaspec.speculative.verify import target_candidates
 from test_engine import _chi2_p_value
 
 
@@ -104,6 +105,24 @@ def test_greedy_takes_the_argmax_of_what_the_grammar_allows():
     banned = ROW.copy()
     banned[4] = -np.inf   # the only allowed token banned (a -inf logit_bias): end of generation
     assert pick(banned, greedy, (), rng, _SetGrammar({4}), fallback=9) == (9, True)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0),
+                                    SamplingParams(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05),
+                                    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)])
+def test_probing_the_best_tokens_gives_the_whole_masks_chain(params):
+    """masked_row asks the grammar about the row's best 64 (then 1024) tokens first: the chain's
+    candidates must be those of the whole-vocabulary mask, wherever the allowed tokens rank."""
+    rng = np.random.default_rng(7)
+    row = (rng.normal(size=5000) * 4).astype(np.float32)
+    order, probed_only = np.argsort(-row), 0
+    for allowed in (order[:50], order[::3], order[30:2000:17], order[900:950], order[-10:], [order[5]]):
+        g = _SetGrammar(allowed)
+        full, probed = g.mask(row), masked_row(row, params, g)
+        a, b = target_candidates(full, params), target_candidates(probed, params)
+        assert np.array_equal(a[0], b[0]) and np.allclose(a[1], b[1]), len(allowed)
+        probed_only += np.isfinite(probed).sum() < np.isfinite(full).sum()
+    assert probed_only >= (2 if params.greedy or params.top_k else 0)   # (top-k 0: the whole mask)
 
 
 def test_bias_vector_refuses_ids_outside_the_vocabulary():

@@ -28,15 +28,41 @@ from llamaspec.errors import UsageError
 from llamaspec.speculative.drafters.base import Draft
 from llamaspec.speculative.logprobs import TokenLogprob, token_logprobs
 from llamaspec.speculative.sampling_params import SamplingParams
-from llamaspec.speculative.verify import rejection_step, sample_dense, sample_token, target_candidates
+from llamaspec.speculative.verify import _top_k_sorted, rejection_step, sample_dense, sample_token, target_candidates
 
-__all__ = ["Constraints", "pick", "constrained_distribution", "bias_vector"]
+__all__ = ["Constraints", "pick", "masked_row", "constrained_distribution", "bias_vector"]
 
 
 def _draw(row: np.ndarray, params: SamplingParams, recent: Sequence[int], rng: np.random.Generator) -> int:
     if params.greedy and not params.penalties_on:
         return int(row.argmax())
     return sample_token(row, params, recent, rng)
+
+
+# How many of a row's best tokens to ask the grammar about before masking the whole vocabulary
+# (one apply over 64 tokens: ~0.1 ms; over 1024: ~1.4 ms; over SmolLM2's 49k: 10-36 ms here).
+PROBES = (64, 1024)
+
+
+def masked_row(row: np.ndarray, params: SamplingParams, grammar) -> np.ndarray:
+    """`row` as the sampler chain sees it under the grammar (refused tokens at -inf).
+
+    When the chain keeps at most k tokens (greedy: 1; top-k: k; no penalties to reorder them) and
+    the k-th best allowed token among the row's best n ranks above the n-th logit, no token
+    outside those n can be among the chain's candidates: they are set to -inf without asking the
+    grammar, and the chain gives what it gives on the whole mask, for an apply over n tokens."""
+    k = 1 if params.greedy else params.top_k
+    if k > 0 and not params.penalties_on:
+        for n in PROBES:
+            if n >= row.shape[0] or k > n:
+                break
+            top = _top_k_sorted(row, n)
+            ok = np.asarray(grammar.allowed_ids(top), dtype=np.int64)   # in the order asked: best first
+            if ok.shape[0] >= k and row[ok[k - 1]] > row[top[-1]]:
+                out = np.full(row.shape[0], -np.inf, dtype=np.float32)
+                out[ok] = row[ok]
+                return out
+    return grammar.mask(row)
 
 
 def pick(row: np.ndarray, params: SamplingParams, recent: Sequence[int], rng: np.random.Generator,
@@ -47,7 +73,7 @@ def pick(row: np.ndarray, params: SamplingParams, recent: Sequence[int], rng: np
     tok = _draw(row, params, recent, rng)
     if grammar.allows(tok):
         return tok, False
-    masked = grammar.mask(row)
+    masked = masked_row(row, params, grammar)
     if not masked.max() > -np.inf:
         return fallback, True
     return _draw(masked, params, recent, rng), True
@@ -65,8 +91,7 @@ def constrained_distribution(row: np.ndarray, params: SamplingParams, recent: Se
         out[ids] = probs
         return out, False
     keep = np.isin(ids, np.asarray(ok, dtype=np.int64))
-    masked = np.array(row, dtype=np.float32, copy=True)
-    masked[~grammar.allowed_mask(n)] = -np.inf
+    masked = masked_row(row, params, grammar)
     if not masked.max() > -np.inf:
         out[fallback] = 1.0
         return out, True
