@@ -122,7 +122,8 @@ def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
                            "converter; remove it or give a GBNF grammar instead", field)
     try:
         gbnf = json_schema_to_gbnf(json.dumps(schema))
-    except (ValueError, KeyError, TypeError, RecursionError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError, AssertionError) as e:   # (the converter asserts
+        # on an unresolvable $ref, an unknown type, an unanchored pattern)
         raise GrammarError(f"{field}: the JSON schema cannot be converted to a grammar: {e}", field) from None
     return GrammarSpec(gbnf, field=field)
 
