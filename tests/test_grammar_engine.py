@@ -362,3 +362,32 @@ def test_a_schema_the_converter_asserts_on_is_a_grammar_error(schema, why):
     the field instead of a traceback."""
     with pytest.raises(GrammarError, match=rf"^response_format: the JSON schema cannot be converted to a grammar: {why}"):
         grammar_from_schema(schema, "response_format")
+
+
+@pytest.mark.real
+def test_parallel_sequences_keep_their_own_grammar_state(tiny_models):
+    """--parallel 2 (generate_many, one verify batch for both): each sequence under its own grammar
+    gives what it gives alone, and the live states are dropped as the sequences end."""
+    target = Model(tiny_models["target"])
+    try:
+        opts = SpecOptions(spec_types=parse_spec_types("draft"), draft_path=tiny_models["draft"], n_ctx=512,
+                           n_threads=1, n_seq=2, adaptive=False, draft_max=4)
+        pipe = load_pipeline(target.path, opts, SamplingParams(temperature=0.0), target=target)
+        try:
+            specs = [GrammarSpec('root ::= "the " ("fox" | "dog") " is " [0-9] [0-9]'),
+                     grammar_from_schema({"type": "object", "properties": {"n": {"type": "integer"}},
+                                          "required": ["n"]}), None]
+            jobs = [(str(i), prompt_tokens(target, PROMPTS[p]), pipe.config(max_tokens=24, grammar=g))
+                    for i, (p, g) in enumerate(zip(("story", "chat", "repetitive"), specs))]
+            together = dict(pipe.engine.generate_many(jobs, parallel=2))
+            assert pipe.engine.grammars == {}
+            alone = {key: pipe.engine.generate(prompt, cfg) for key, prompt, cfg in jobs}
+        finally:
+            pipe.close(keep_target=True)
+    finally:
+        target.close()
+    for key in alone:
+        assert together[key].tokens == alone[key].tokens, key
+    assert re.fullmatch(r"the (fox|dog) is [0-9]{2}", alone["0"].text)
+    assert isinstance(json.loads(alone["1"].text)["n"], int)
+    assert sum(g.stats.drafted for g in together.values()) > 0
