@@ -260,6 +260,7 @@ def summarize(runs: list[dict], lines: list[dict]) -> dict:
     return {"wall_s": round(statistics.median(walls), 2), "tok_s": round(statistics.median(rates), 2),
             "tokens": tokens[0], "wall_s_reps": [round(w, 2) for w in walls], "tok_s_reps": [round(x, 1) for x in rates],
             "invalid": max(len(x) for x in invalid), "invalid_ids": sorted({i for x in invalid for i in x}),
+            "invalid_texts": {i: (first[i]["text"] or "")[:200] for i in invalid[0]},
             "errors": sorted({r.get("error", "") for r in first.values() if r.get("error")}),
             "stop": sum(r["finish"] == "stop" for r in first.values()),
             # llama-server: each response's timings; llamaspec batch: its job summary

@@ -114,8 +114,8 @@ TEXTS = {
         "Reported by Nina Patel (nina.patel@example.com).",
         "Crash when exporting PDF with images. This is critical, it loses data. Component: export. App "
         "version 5.0.2. Reporter: Jakob Meier, jakob.meier@example.org",
-        "Typo in settings page footer. Severity low. Component: ui-settings. Version 1.9.0. From Grace Kim "
-        "<grace.kim@example.net>.",
+        "Title: Typo in settings page footer. Severity: low. Component: ui-settings. Version 1.9.0. Reported by "
+        "Grace Kim (grace.kim@example.net).",
         "Search results are slow for long queries (medium severity) in component search-api, version 3.2.0. "
         "Reported by Omar Haddad, omar.haddad@example.com.",
         "Title: Notifications arrive twice. Severity: medium. Component: notifications. Version: 4.1.3. "
