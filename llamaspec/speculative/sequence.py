@@ -138,14 +138,14 @@ class SequenceRun:
         (`prompt_left` tokens, from position n_past)."""
         eng, ctx, prompt = self.engine, self.engine.ctx, self.history
         self._t0 = time.perf_counter()
+        if len(prompt) > ctx.n_ctx_seq:   # as decode would say, before any chunk shares a step
+            raise ContextFullError(f"context full: {len(prompt)} tokens needed, context size is {ctx.n_ctx_seq}",
+                                   "raise --ctx-size or shorten the prompt / -n")
         c = self.config
         if c.grammar is not None or c.logit_bias or c.logprobs is not None:   # (a bad one fails the start)
             self.rules = Constraints(eng.target, c, self.stats)
             if self.rules.grammar is not None:   # the live state, for the drafters (bind_grammars)
                 eng.grammars[self.seq_id] = self.rules.grammar
-        if len(prompt) > ctx.n_ctx_seq:   # as decode would say, before any chunk shares a step
-            raise ContextFullError(f"context full: {len(prompt)} tokens needed, context size is {ctx.n_ctx_seq}",
-                                   "raise --ctx-size or shorten the prompt / -n")
         cached = eng._cached.pop(self.seq_id, [])
         keep = common_prefix(cached, prompt, limit=len(prompt) - 1)  # the last one is evaluated for its logits
         if eng.drafter is not None:  # a drafter fed by the target's hidden states may need some again
@@ -231,6 +231,8 @@ class SequenceRun:
         else:
             n_acc, nxt = self.rules.verify(eng, d, draft, self._allowed(rows), self.history, self.params,
                                            self.verify_rng)
+            if self.rules.logprobs is not None:   # (the rows are a view a replay decode may overwrite)
+                rows = rows[:n_acc + 1].copy()
         if n_acc < len(d):
             if self._state is None:
                 ctx.seq_rm(self.seq_id, self.n_past + 1 + n_acc, -1)
