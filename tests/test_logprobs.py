@@ -95,3 +95,23 @@ def test_logprobs_are_of_the_raw_row_not_the_biased_or_constrained_one(tiny_mode
         assert _gen(target, "none", prompt, n=4).logprobs is None   # off unless asked
     finally:
         target.close()
+
+
+@pytest.mark.real
+def test_logprobs_survive_a_recurrent_targets_replay(test_models_dir):
+    """A recurrent target restores a checkpoint and replays the accepted tokens after a partial
+    acceptance (a decode that may reuse the logits buffer): the logprobs are still the step's rows'."""
+    from llamaspec.testing.tiny_recurrent import GENERATOR_VERSION, make_recurrent_set
+
+    models = make_recurrent_set(test_models_dir / f"recurrent-v{GENERATOR_VERSION}")
+    target = Model(models["target"])
+    try:
+        prompt = prompt_tokens(target, PROMPTS["story"])
+        plain = _gen(target, "none", prompt, n=40, logprobs=3)
+        spec = _gen(target, "draft", prompt, draft=models["draft"], n=40, logprobs=3, fixed=True)
+    finally:
+        target.close()
+    assert 0 < spec.stats.accepted < spec.stats.drafted, "partial acceptances (replays) are the point"
+    assert spec.tokens == plain.tokens   # tiny F32 models: no batch noise worth a tolerance
+    assert [x.logprob for x in spec.logprobs] == pytest.approx([x.logprob for x in plain.logprobs], abs=1e-3)
+    assert [x.top[0][0] for x in spec.logprobs] == [x.top[0][0] for x in plain.logprobs]
