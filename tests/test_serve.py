@@ -160,10 +160,10 @@ def test_completions(server, smollm2_q4):
 
 def test_bad_requests_are_400_naming_the_field_and_the_server_goes_on(server):
     client = server.client()
-    for kw, param in (({"n": 2}, "n"), ({"temperature": -1}, "temperature"), ({"logprobs": True}, "logprobs"),
+    for kw, param in (({"n": 2}, "n"), ({"temperature": -1}, "temperature"), ({"top_logprobs": 2}, "top_logprobs"),
                       ({"top_p": 0}, "top_p"),
-                      ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-                      ({"response_format": {"type": "json_object"}}, "response_format")):
+                      ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+                      ({"response_format": {"type": "xml"}}, "response_format")):
         with pytest.raises(openai.BadRequestError) as e:
             _chat(client, "Hi", **kw)
         err = e.value.body
