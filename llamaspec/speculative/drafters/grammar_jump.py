@@ -45,6 +45,10 @@ __all__ = ["GrammarJumpDrafter", "forced_text"]
 MAX_BYTES = 96
 #: earlier places in the output looked at for an optional whitespace decision
 MAX_LOOKBACK = 16
+#: the tail token is dropped ("check") when longer tokens continue it with at least this share of
+#: the bytes the grammar allows next: `name"` before ' ' or ':' (`":` is a token: dropped), not
+#: ` "` before a free string (` "$`, ` "+` are tokens, but few of the bytes a string may start with)
+TAIL_SHARE = 0.25
 _WS = frozenset(b" \t\n\r")
 
 
@@ -111,6 +115,8 @@ def _whitespace_choice(seen: bytes, allowed: list[int]) -> int | None:
     """
     if sum(1 for b in allowed if b not in _WS) > 1:
         return None
+    if not seen or chr(seen[-1]).isalnum():   # after a word or number (`true`, `42`) the bytes
+        return None                           # before say nothing about the layout
     ok = set(allowed)
     for n in (4, 2, 1):
         if len(seen) <= n:
@@ -244,6 +250,6 @@ class GrammarJumpDrafter(Drafter):
                 keep.pop()
             else:
                 nxt = _vocab(self.target).extends.get(self.target.piece(keep[-1]), ())
-                if any(b in nxt for b in allowed_after):
+                if sum(b in nxt for b in allowed_after) >= TAIL_SHARE * len(allowed_after):
                     keep.pop()
         return keep
