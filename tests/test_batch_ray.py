@@ -281,3 +281,26 @@ def test_generator_predictor_maps_a_batch_row_for_row(tiny_models):
     assert out["text"][:3] == want and out["error"][:3] == [None] * 3
     assert out["error"][3] and "context" in out["error"][3]
     assert all(n > 0 for n in out["n_generated"][:3])
+
+
+@pytest.mark.slow
+def test_openai_logprobs_name_their_tokens_on_ray_as_locally(cluster, tiny_models, tmp_path):
+    """The driver has no model: the workers send the bytes of the tokens their logprobs name."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+                                       "body": {"prompt": PROMPTS[i], "max_tokens": 6, "logprobs": 2}}) + "\n"
+                           for i in range(4)))
+
+    def logprobs(args: list) -> dict:
+        out = tmp_path / f"out{len(args)}.jsonl"
+        p = _driver([tiny_models["target"], inp, "-o", out, "--temp", "0", "-t", "1", "-q", *args])
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        recs = [json.loads(line) for line in out.read_text().splitlines()]
+        return {r["custom_id"]: r["response"]["body"]["choices"][0]["logprobs"] for r in recs}
+
+    local, remote = logprobs([]), logprobs(["--ray", cluster])
+    assert set(remote) == {f"c{i}" for i in range(4)}
+    for k, lp in local.items():
+        assert lp["tokens"] and remote[k]["tokens"] == lp["tokens"]
+        assert [list(t) for t in remote[k]["top_logprobs"]] == [list(t) for t in lp["top_logprobs"]]

@@ -167,13 +167,19 @@ class _Worker:
                 "describe": self.g.describe(), "tuned": self.g.tuned, "notes": list(self.g.notes),
                 "details": list(r.details)}
 
-    def run(self, requests: list[Request], parallel: int) -> list[Result]:
-        out = []
+    def run(self, requests: list[Request], parallel: int) -> tuple[list[Result], dict[int, bytes]]:
+        """The chunk's results, and the bytes of the tokens their logprobs name (the driver
+        writes OpenAI's logprobs with them: it has no model)."""
+        out, pieces = [], {}
         for res in self.g.generate_many(requests, parallel=parallel):
             if res.error is not None:   # by message only: some LlamaspecErrors do not pickle whole
                 res = replace(res, error=LlamaspecError(res.error.message))
+            for lp in res.logprobs or ():
+                for tok in (lp.token, *(t for t, _ in lp.top)):
+                    if tok not in pieces:
+                        pieces[tok] = self.g.pipeline.target.piece(tok)
             out.append(res)
-        return out
+        return out, pieces
 
     def pid(self) -> int:
         return os.getpid()
@@ -210,6 +216,7 @@ class RayExecutor:
         self.tuned = tuned
         self._remote = self.ray.remote(_Worker)
         self.actors: dict[int, Any] = {}
+        self.pieces: dict[int, bytes] = {}   # token id -> bytes, of the tokens results' logprobs name
         self._next_slot = 0
         self.replacements = self.max_replacements = 0
         try:
@@ -229,6 +236,10 @@ class RayExecutor:
         except BaseException:
             self.close()
             raise
+
+    def piece(self, tok: int) -> bytes:
+        """A token's bytes, for the logprobs of the results delivered so far."""
+        return self.pieces[tok]
 
     def _placements(self, workers: int | None) -> list[dict]:
         """Actor options: one per alive node with a CPU (pinned there), or `workers` spread out,
@@ -280,7 +291,8 @@ class RayExecutor:
             ready, _ = ray.wait(list(inflight), num_returns=1)
             slot, part = inflight.pop(ready[0])
             try:
-                results = ray.get(ready[0])
+                results, pieces = ray.get(ready[0])
+                self.pieces.update(pieces)
             except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError, ray.exceptions.ObjectLostError):
                 # the actor (or its node) died, or its result went with its node: redo the chunk
                 # elsewhere, and take this actor out (were it alive, it would compete for the CPU)
