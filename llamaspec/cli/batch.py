@@ -183,6 +183,7 @@ def _engine(model, opts: GenerationOptions, ray_address: str | None, ray_workers
             ident = dict(ex.identity)
             # (paths are the workers': the draft size warning reads them here only if they exist here too)
             ident["notes"] = [*ident["notes"], f"ray: {len(ex.actors)} workers, models loaded"]
+            ident["piece"] = ex.piece   # (token bytes the workers sent with their logprobs)
             yield ex, ident
     finally:
         if ray_owned:   # (an embedding program's own connection stays)
