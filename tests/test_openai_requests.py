@@ -95,6 +95,9 @@ def test_two_constraints_are_refused_naming_both(a, b):
     ("top_logprobs", {"logprobs": True, "top_logprobs": 21}, "0 to 20"),
     ("logprobs", {"logprobs": 2}, "logprobs must be a boolean"),
     ("tool_choice", {"tool_choice": "required"}, "needs tools"),
+    ("tool_choice", {"tools": TOOLS, "tool_choice": "sometimes"}, 'must be "auto", "none", "required"'),
+    ("tools", {"tools": {"type": "function"}}, "tools must be an array, got object"),
+    ("parallel_tool_calls", {"tools": TOOLS, "parallel_tool_calls": "yes"}, "must be a boolean"),
     ("json_schema", {"tools": TOOLS, "json_schema": PERSON}, "tool_choice"),
 ])
 def test_structured_fields_refused_name_the_field(param, fields, words):

@@ -16,7 +16,7 @@ the path, `messages[2].content`). The server, batch lines and the Python API all
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
@@ -135,7 +135,7 @@ class ChatBody(_Body):
     logprobs: Annotated[Optional[bool], BeforeValidator(strict(bool, "a boolean"))] = None
     top_logprobs: Annotated[Optional[int], BeforeValidator(rf.count(20))] = None
     tools: Optional[list[dict]] = None
-    tool_choice: Optional[Literal["none", "auto", "required"] | dict] = None
+    tool_choice: Any = None   # "none" | "auto" | "required" | {"type": "function", ...}: tools.plan_tools checks it
     parallel_tool_calls: Annotated[Optional[bool], BeforeValidator(strict(bool, "a boolean"))] = None
 
     def fields(self) -> dict[str, Any]:
