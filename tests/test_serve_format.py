@@ -205,3 +205,23 @@ def test_prompt_cache_doctests_and_lru():
     c.put([9], bytearray(9))           # bigger than the whole cache: not kept, nothing evicted
     assert sorted(c.keys()) == [(1, 2), (5, 6)]
     assert c.best([5, 6, 7]) == ((5, 6), 2) and c.best([8]) == (None, 0)
+
+
+def test_tool_calls_and_logprobs_are_sdk_shapes():
+    from openai.types import Completion as SdkCompletion
+    from openai.types.chat import ChatCompletion as SdkChat
+
+    from llamaspec.speculative.logprobs import TokenLogprob
+
+    pieces = {1: b"Hel", 2: b"lo", 3: "é".encode()}.__getitem__
+    lps = [TokenLogprob(1, -0.25, ((1, -0.25), (3, -2.0))), TokenLogprob(2, -0.5, ((2, -0.5), (1, -1.5)))]
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+    r = Result("0", "Hello", [1, 2], "tool_calls", "eos", 3, {}, logprobs=lps, tool_calls=[call], content=None)
+    chat = SdkChat.model_validate(oa_resp.chat_completion(r, **IDS, piece=pieces)).choices[0]
+    assert chat.finish_reason == "tool_calls" and chat.message.content is None
+    assert chat.message.tool_calls[0].function.arguments == '{"x": 1}'
+    assert [t.token for t in chat.logprobs.content] == ["Hel", "lo"]
+    assert chat.logprobs.content[0].top_logprobs[1].bytes == list("é".encode())
+    text = SdkCompletion.model_validate(oa_resp.text_completion(r, **IDS, piece=pieces)).choices[0].logprobs
+    assert (text.tokens, text.token_logprobs, text.text_offset) == (["Hel", "lo"], [-0.25, -0.5], [0, 3])
+    assert text.top_logprobs[1] == {"lo": -0.5, "Hel": -1.5}
