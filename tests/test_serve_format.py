@@ -222,6 +222,7 @@ def test_tool_calls_and_logprobs_are_sdk_shapes():
     assert chat.message.tool_calls[0].function.arguments == '{"x": 1}'
     assert [t.token for t in chat.logprobs.content] == ["Hel", "lo"]
     assert chat.logprobs.content[0].top_logprobs[1].bytes == list("é".encode())
-    text = SdkCompletion.model_validate(oa_resp.text_completion(r, **IDS, piece=pieces)).choices[0].logprobs
+    plain = Result("0", "Hello", [1, 2], "stop", "eos", 3, {}, logprobs=lps)
+    text = SdkCompletion.model_validate(oa_resp.text_completion(plain, **IDS, piece=pieces)).choices[0].logprobs
     assert (text.tokens, text.token_logprobs, text.text_offset) == (["Hel", "lo"], [-0.25, -0.5], [0, 3])
     assert text.top_logprobs[1] == {"lo": -0.5, "Hel": -1.5}
