@@ -179,12 +179,13 @@ class Constraints:
                 p, masked = constrained_distribution(rows[i], params, r, g, self.fallback)
                 # the token cut at the last row (refused: p = 0 there) is rejected as in full
                 x, q = (d[i], draft.probs[i]) if i < k else self._cut or (None, None)
-                tok = sample_dense(p, rng) if x is None else rejection_step(x, q, p, rng)
-                tok = x if tok is None else tok
+                fixed = sample_dense(p, rng) if x is None else rejection_step(x, q, p, rng)
+                tok, kept = (x, True) if fixed is None else (fixed, False)
             else:
                 tok, masked = pick(rows[i], params, r, rng, g, self.fallback)
+                kept = i < k and tok == d[i]
             self.stats.grammar_masks += masked
-            if i == k or tok != d[i] or tok in eog:
+            if i == k or not kept or tok in eog:
                 return i, tok
             g.accept(tok)
         raise AssertionError("unreachable")

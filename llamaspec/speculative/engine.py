@@ -14,6 +14,10 @@ speculative paths are compared against, token for token. Verification is greedy 
 temperature 0, rejection sampling when the drafter gives probabilities, and llama-server's
 sample-and-match otherwise; all three emit the target's own distribution.
 
+A sequence generating under a grammar or a logit_bias, or asked for logprobs, hands its rows to
+its `Constraints` (constrained.py: llama.cpp's sampling under a grammar, drafts cut at the first
+refused token); the paths above stay as they are for the others.
+
 Sequence ids are explicit throughout: `generate_many` decodes several sequences together, the
 verify rows of all of them in one llama_decode per step.
 """
