@@ -60,6 +60,13 @@ from llamaspec.speculative.costs import CostModel  # the controller's cost model
 
 __all__ = ["CostModel", "DraftLengthController", "expected_tokens_geometric"]
 
+#: verify batches timed before their measured cost alone may say drafting cannot pay: the first
+#: batch of a new size can take many plain steps (llama.cpp builds its graph; on a loaded machine
+#: another process had the cores), and one such timing paused a grammar drafter whose every draft
+#: was accepted for the rest of the sequence. Until then, only costs that cannot pay even on the
+#: prior batch curve (a draft model as slow as the target) give the long pause.
+COST_EVIDENCE = 3
+
 
 
 def expected_tokens_geometric(alpha: float, k: int) -> float:
@@ -126,6 +133,7 @@ class DraftLengthController:
         self._skipped = 0  # plain steps of the current pause, not yet forgotten
         self._grace = 0
         self.n_pauses = 0
+        self._batches_timed = 0   # verify batches whose time reached the cost model
 
     # -- estimates ----------------------------------------------------------------------------
 
@@ -208,6 +216,7 @@ class DraftLengthController:
             raise ValueError(f"accepted {n_accepted} > drafted {n_drafted}")
         if verify_seconds is not None:
             self.cost.observe_verify(n_drafted + 1, verify_seconds)
+            self._batches_timed += n_drafted > 0
         if draft_seconds is not None:
             self.cost.observe_draft(n_drafted, draft_seconds)
         if n_drafted <= 0:
@@ -259,6 +268,7 @@ class DraftLengthController:
         `seconds`, in a step this controller's drafter had no part in (another drafter of a
         chain drafted): it feeds only the cost model, not the acceptance estimates or the pause."""
         self.cost.observe_verify(n_tokens, seconds)
+        self._batches_timed += n_tokens > 1
 
     def max_rate(self) -> float:
         """The best rate if every draft token were accepted: below `min_gain`, drafting cannot
@@ -267,6 +277,17 @@ class DraftLengthController:
         d = self.cost.draft_ratio
         return max(((k + 1) / (c[k] + d * k) for k in range(self.n_min, self.n_max + 1)), default=0.0)
 
+    def cannot_pay(self) -> bool:
+        """Drafting cannot pay by cost (max_rate below min_gain), on evidence: costs given as
+        functions, COST_EVIDENCE timed batches, or a draft that cannot pay on the prior batch curve
+        either."""
+        if self.max_rate() >= self.min_gain:
+            return False
+        if self.cost.verify_ratio_fn is not None or self._batches_timed >= COST_EVIDENCE:
+            return True
+        c, d = CostModel(default_slope=self.cost.default_slope).verify_ratios(self.n_max), self.cost.draft_ratio
+        return max(((k + 1) / (c[k] + d * k) for k in range(self.n_min, self.n_max + 1)), default=0.0) < self.min_gain
+
     def pause_cap(self) -> int:
         """Longest pause between probes, so that failed probes (C(probe_k) - 1 each) cost at most
         a budget of plain decoding. When drafting cannot pay by cost: `cost_probe_budget` (1 %:
@@ -274,7 +295,7 @@ class DraftLengthController:
         `max_pause` and at most 8x that (failed probes then double it, `_start_pause`); else
         `probe_budget`, at least `recover_pause`, at most 8x `max_pause`."""
         loss = self.probe_loss()
-        if self.max_rate() < self.min_gain:  # only re-measured costs can change this: probe rarely
+        if self.cannot_pay():  # only re-measured costs can change this: probe rarely
             by_cost = math.ceil(loss / self.cost_probe_budget) if self.cost_probe_budget > 0 else self.max_pause
             return max(self.max_pause, min(by_cost, 8 * self.max_pause))
         by_cost = math.ceil(loss / self.probe_budget) if self.probe_budget > 0 else self.max_pause
@@ -317,7 +338,7 @@ class DraftLengthController:
             self._pause_len *= 2
         self._grace = 0
         cap = self.pause_cap()
-        if self.max_rate() < self.min_gain:
+        if self.cannot_pay():
             # the whole cap at once, then doubling with each failed probe (exponential backoff:
             # a long run pays O(log n) probes), up to 64x max_pause
             self._pause_len = min(max(cap, self._pause_len), 64 * self.max_pause)
