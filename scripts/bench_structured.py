@@ -13,8 +13,8 @@ the `json_schema` field, plain and with each of its model-free speculative types
 All sequential: batch without --parallel, llama-server -np 1 with one request in flight. With
 --reps N every side runs N times, interleaved (rep r starts at side r, rotating); the table gives
 medians. Job wall time: from the first request to the last response (batch: its --json summary's
-`seconds`, which starts after the model is loaded; llama-server: around the request loop, after an
-untimed warm-up request). tok/s: each side's generated tokens over that time (llama-server counts
+`seconds`, which starts after the model is loaded, with no warm-up request; llama-server: around
+the request loop, after an untimed warm-up request). tok/s: each side's generated tokens over that time (llama-server counts
 the end-of-generation token of a request that stops; llamaspec does not: `job x` compares wall
 times of the same 40 requests). Every record is validated against its schema (`jsonschema`), and
 the default run's texts are compared with plain's request by request; where they differ the two
@@ -328,7 +328,8 @@ def main() -> int:
                 toks = sum(x["tokens"] for x in r["results"].values())
                 print(f"  rep {rep + 1} {who} {mode}: {r['wall_s']:.1f} s, {toks / r['wall_s']:.1f} tok/s, "
                       f"load {r['load_before'][0]} -> {r['load_after'][0]}", file=sys.stderr)
-        rows = {(who, mode): {"server": who, "mode": mode, "cmd": shlex.join(cmd), **summarize(runs[i], lines)}
+        rows = {(who, mode): {"server": who, "mode": mode, "threads": a.threads, "cmd": shlex.join(cmd),
+                              **summarize(runs[i], lines)}
                 for i, (who, mode, cmd) in enumerate(sides) if runs[i]}
         checks: dict = {}
         plain, spec = rows.get(("llamaspec", "plain")), rows.get(("llamaspec", "default"))
