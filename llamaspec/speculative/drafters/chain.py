@@ -7,7 +7,9 @@ llama.cpp (`common_speculative_draft` / `common_speculative_accept`):
 - after verification, the winner gets `accept(seq, n_accepted, is_other=false)` and is credited
   with the accepted tokens; every other implementation gets `accept(..., is_other=true)` so it can
   keep its own state in sync.
-`ChainDrafter` does the same. It is a `Drafter` itself, so the engine drives one drafter. What each
+`ChainDrafter` does the same. llamaspec's grammar drafter (grammar_jump.py) joins every chain,
+first: it drafts only where a sequence's grammar forces text, and is silent (not asked, not timed)
+for a sequence without one. `bind_grammars` reaches every member. It is a `Drafter` itself, so the engine drives one drafter. What each
 member drafted, and what of it was accepted, is counted once, by the engine (`SpecStats.per_drafter`).
 """
 

@@ -16,10 +16,17 @@ a blank and one other byte; the drafter then does what this output did after the
 (a space after each `:`), and stops where the output has no such place yet.
 
 The forced text is tokenized by the target's tokenizer. Its last token may be one the model would
-merge with the free text that follows (` "` + a value); `tail="check"` drops it when the
-vocabulary has a longer token that starts with it and goes on with a byte the grammar allows
-there (measured against keeping and always dropping it: see tests/test_grammar_drafter.py and
-the report of issue 26).
+merge with the free text that follows (`"` + `:` after a key is `":` in SmolLM2); `tail="check"`
+drops it when longer tokens continue it with a quarter or more of the bytes the grammar allows
+next, so ` "` before a free string value stays (only ` "+`, ` "$`, ... continue it). Replayed on
+8 SmolLM2 F16 extraction answers (443 tokens): "check" drafted 157 tokens and 155 were accepted
+(288 verify steps), "keep" 169 / 155 (288), "drop" 121 / 121 (322); without the whitespace
+guess 61 / 61 (382).
+
+Where it sits in a chain: first (options.SPEC_TYPES), and the first non-empty draft wins as in
+llama.cpp. Forced text then the copy drafters continuing after it would need them to look up a
+history that is not the sequence's yet (prompt-lookup and suffix index the history as it grows);
+replayed, grammar-first drafted fewer rejected tokens than grammar-last for about the same steps.
 
 Cost: a clone, one apply over ~250 candidate tokens per probed byte (~40 us on SmolLM2) and an
 accept per forced byte; per-vocabulary tables are made once, at the first grammar draft.
