@@ -58,7 +58,10 @@ def main() -> None:
     ctx = Context(target, ContextConfig(n_ctx=2048, n_threads=a.threads))
     greedy = SamplingParams(temperature=0.0)
     built = build_drafter(SpecOptions(spec_types=["prompt-lookup", "suffix"]), target, ctx, greedy)
-    copy = [m for m in built.drafter.members() if m.name != "grammar"]
+    # the copy drafters alone: built apart (a shared suffix drafter would learn each answer in one
+    # mode and draft it whole in the next)
+    again = build_drafter(SpecOptions(spec_types=["prompt-lookup", "suffix"]), target, ctx, greedy)
+    copy = [m for m in again.drafter.members() if m.name != "grammar"]
     modes = {
         "plain": None,
         "copy (prompt-lookup, suffix)": ChainDrafter(copy),
@@ -72,19 +75,22 @@ def main() -> None:
     engines = {name: SpecEngine(target, ctx, d) for name, d in modes.items()}
     work = [(target.tokenize_prompt(target.chat_prompt(msgs)), grammar_from_schema(schema), n)
             for msgs, schema, n in jobs(a.jobs, a.prompts)]
-    # warm-up: the per-vocabulary tables, the first decodes
-    engines["default (grammar, prompt-lookup, suffix)"].generate(work[0][0], GenerationConfig(max_tokens=8, grammar=work[0][1]))
+    # warm-up (the per-vocabulary tables, the first decodes) on an engine of its own: a measured
+    # suffix drafter must not learn the first answer beforehand
+    SpecEngine(target, ctx, GrammarJumpDrafter(target)).generate(work[0][0], GenerationConfig(max_tokens=8, grammar=work[0][1]))
 
     seconds = {m: 0.0 for m in modes}
+    cpu = {m: 0.0 for m in modes}   # this process's CPU time: steadier than wall time on a shared machine
     stats = {m: [] for m in modes}
     texts: dict[str, list[list[int]]] = {m: [] for m in modes}
     for _ in range(a.reps):
         for prompt, spec, n in work:
             for m, eng in engines.items():
                 cfg = GenerationConfig(max_tokens=n, grammar=spec, draft_max=32)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 g = eng.generate(prompt, cfg)
                 seconds[m] += time.perf_counter() - t0
+                cpu[m] += time.process_time() - c0
                 stats[m].append(g.stats)
                 texts[m].append(g.tokens)
                 if a.verbose:
@@ -99,7 +105,8 @@ def main() -> None:
         per = ", ".join(f"{k}: drafted {v.drafted} accepted {v.accepted} calls {v.calls}"
                         + (f" ({1e6 * v.draft_seconds / v.calls:.0f} us/call)" if v.calls else "")
                         for k, v in s.per_drafter.items())
-        print(f"{m:42s} {seconds[m]:7.2f} s  {base / seconds[m]:5.2f}x  steps {s.steps:5d}  "
+        print(f"{m:42s} {seconds[m]:7.2f} s  {base / seconds[m]:5.2f}x  cpu {cpu[m]:7.2f} s  "
+              f"{cpu['plain'] / cpu[m]:5.2f}x  steps {s.steps:5d}  "
               f"same as plain {same}/{len(texts[m])}  {per}")
     ctx.close()
     target.close()
