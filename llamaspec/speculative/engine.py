@@ -166,8 +166,9 @@ class SpecEngine:
         n_prompt = sum(n for _, n in prefill)
         # [last] + draft of every sequence, with the prompt chunks, fits one batch
         budget = (self.ctx.n_batch - n_prompt) // len(seqs) if seqs else 0
-        if len(seqs) > 1 and hasattr(self.drafter, "propose_many"):
-            segments = self._plan_together(seqs, budget - 1)
+        batcher = self.drafter.batch_member() if len(seqs) > 1 and self.drafter is not None else None
+        if batcher is not None and not any(s.seq_id in self.grammars for s in seqs):
+            segments = self._plan_together(seqs, budget - 1, batcher)
         else:
             segments = [s.plan(budget - 1) for s in seqs]
         chunks = [s.prefill_segment(n) for s, n in prefill]
@@ -229,11 +230,12 @@ class SpecEngine:
             ctls[d.name] = MatchController(make, cost) if d.sizes_by_match else make(cost)
         return ctls
 
-    def _plan_together(self, seqs: list["SequenceRun"], k_max: int) -> list[tuple[list[int], int, int]]:
-        """`plan` of every sequence, their drafts made together (a draft model's propose_many: one
-        draft decode per position for all of them). Each sequence's length is its controller's
-        choice, as in `_propose`; the drafting time is shared equally by those that drafted."""
-        drafter, asks = self.drafter, []
+    def _plan_together(self, seqs: list["SequenceRun"], k_max: int, drafter: Drafter) -> list[tuple[list[int], int, int]]:
+        """`plan` of every sequence, their drafts made together by `drafter` (a draft model's
+        propose_many: one draft decode per position for all of them; a member of the engine's
+        chain, credited as its winner). Each sequence's length is its controller's choice, as in
+        `_propose`; the drafting time is shared equally by those that drafted."""
+        asks = []
         for s in seqs:
             k = s.draft_room(k_max)
             n = min(k, s.ctls[drafter.name].choose(None)) if k > 0 and s.ctls else k
@@ -247,6 +249,8 @@ class SpecEngine:
             draft = self._shaped(next(drafts).truncated(n), k, s.config.draft_min) if n > 0 else _NO_DRAFT
             if n > 0:
                 s.stats.record_call(drafter.name, share)
+                if drafter is not self.drafter:
+                    self.drafter.drafted_by(s.seq_id, drafter)
             segments.append(s.planned(draft, share if n > 0 else 0.0))
         return segments
 

@@ -128,6 +128,16 @@ class Drafter(ABC):
         """The drafters this one is made of, in priority order (itself, for a single drafter)."""
         return [self]
 
+    def batch_member(self) -> "Drafter | None":
+        """The drafter that drafts several sequences in one call (`propose_many`: a draft model's
+        one decode per position for all), when this one has one; the engine uses it for steps of
+        several sequences without a grammar."""
+        return self if hasattr(self, "propose_many") else None
+
+    def drafted_by(self, seq_id: int, member: "Drafter") -> None:
+        """`member` made this step's draft of `seq_id` outside `propose` (by propose_many): a
+        chain credits it as the winner in `accepted`."""
+
     def propose_within(self, seq_id: int, history: Sequence[int],
                        limit: Callable[..., int]) -> Draft:
         """`propose` with a draft-length cap per member: limit(d) for each member d (0: skip it).

@@ -58,6 +58,17 @@ class ChainDrafter(Drafter):
     def members(self) -> list[Drafter]:
         return [m for d in self.drafters for m in d.members()]
 
+    def batch_member(self) -> Drafter | None:
+        # the one member that batches, when the others only join every chain (the grammar
+        # drafter, silent for sequences without a grammar): --draft X --parallel N keeps batching
+        from llamaspec.speculative.options import chain_joiners
+
+        batching = [d.batch_member() for d in self.drafters if d.name not in chain_joiners()]
+        return batching[0] if len(batching) == 1 else None
+
+    def drafted_by(self, seq_id: int, member: Drafter) -> None:
+        self._winner[seq_id] = member
+
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
         return self.propose_within(seq_id, history, lambda d, match=None: n_max)
 
