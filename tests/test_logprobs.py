@@ -45,13 +45,6 @@ def _gen(target, spec, prompt, *, draft=None, n=200, fixed=False, **kw):
         pipe.close(keep_target=True)
 
 
-@pytest.fixture(scope="module")
-def f16(smollm2_f16):
-    m = Model(smollm2_f16)
-    yield m
-    m.close()
-
-
 @pytest.mark.real
 @pytest.mark.slow
 def test_speculative_logprobs_equal_plain_decodings(f16, smollm2_q4):

@@ -96,13 +96,6 @@ def test_tiny_models_generate_valid_calls(tool_models, name, choice):
     jsonschema.validate(json.loads(call["arguments"]), _params(tool))
 
 
-@pytest.fixture(scope="module")
-def f16(smollm2_f16):
-    m = Model(smollm2_f16)
-    yield m
-    m.close()
-
-
 @pytest.mark.real
 @pytest.mark.parametrize("name", sorted(FAMILY) + ["generic"])
 def test_every_grammar_compiles_on_a_real_vocabulary(f16, name):
