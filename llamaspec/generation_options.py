@@ -57,6 +57,7 @@ class GenerationOptions:
     n_gpu_layers_draft: int | None = None
     amx: bool | None = None
     parallel: int = 1
+    cache_ram_mib: int = 0   # generate_many's RAM prompt cache (batch --cache-ram): MiB, -1 no limit, 0 off
     # sampling and output
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int | None = None

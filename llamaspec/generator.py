@@ -147,6 +147,10 @@ class Generator(OpenAIMethods):
         self.max_tokens, self.stop = o.max_tokens, list(o.stop)
         self.chat, self.system = o.chat, o.system
         self.pipeline = load_pipeline(r.target_path, self.options, self.sampling)
+        if o.cache_ram_mib and not self.pipeline.target.needs_checkpoints:   # (a recurrent state is not a prefix)
+            from llamaspec.speculative.prompt_cache import PromptCache
+
+            self.pipeline.engine.prompt_cache = PromptCache(o.cache_ram_mib << 20 if o.cache_ram_mib > 0 else 1 << 62)
         if o.grammar is not None:   # a grammar that does not compile: one error now, not one per request
             from llamaspec.constraints import check_compiles
 

@@ -167,3 +167,22 @@ def test_progress_lines_and_summary_without_a_terminal(run_cli, tiny_models, tmp
     summary = r.json()
     assert summary["done"] == summary["lines"] == 3 and summary["failed"] == summary["skipped"] == 0
     assert summary["tokens"] == 24 and summary["remaining"] == 0 and summary["interrupted"] is False
+
+
+def test_the_ram_prompt_cache_restores_an_earlier_prompts_prefix(run_cli, tiny_models, tmp_path):
+    """Two long shared prefixes, interleaved: a sequence's own KV only shares the first tokens with
+    the next prompt, so without the RAM cache each prefix is evaluated again; with it (the
+    default, as llama-server's --cache-ram) the earlier prompt's state is restored."""
+    heads = ["You are a careful assistant. " * 12, "Answer in one short line only, please. " * 12]
+    prompts = [heads[i % 2] + f"Question {i}: name a colour." for i in range(6)]
+    inp = _write_input(tmp_path / "in.jsonl", prompts)
+    cached = {}
+    for cram in ("8192", "0"):
+        out = tmp_path / f"out{cram}.jsonl"
+        r = run_cli("batch", tiny_models["target"], inp, "-o", out, "--temp", "0", "-n", "4", "-t", "1",
+                    "--raw", "--cache-ram", cram, "--spec-type", "none")
+        assert r.exit_code == 0, r.stderr
+        recs = _records(out)
+        assert len(recs) == 6 and all(rec["n_generated"] == 4 for rec in recs.values())
+        cached[cram] = sum(rec["n_prompt_cached"] for rec in recs.values())
+    assert cached["8192"] > cached["0"] + 4 * 100, cached   # prompts 3..6 restore ~their 12-sentence head

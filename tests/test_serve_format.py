@@ -189,11 +189,11 @@ def test_a_port_in_use_is_one_line_before_any_model_loads(run_cli):
 
 
 def test_prompt_cache_doctests_and_lru():
-    """The RAM prompt cache (serve/prompt_cache.py): longest shared prefix wins, least recently
+    """The RAM prompt cache (speculative/prompt_cache.py): longest shared prefix wins, least recently
     used entries go first past the byte limit, a state over the limit is not kept."""
     import doctest
 
-    from llamaspec.serve import prompt_cache
+    from llamaspec.speculative import prompt_cache
 
     assert doctest.testmod(prompt_cache).failed == 0
     c = prompt_cache.PromptCache(limit_bytes=8)

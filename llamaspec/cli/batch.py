@@ -43,6 +43,10 @@ def batch(
     output_path: Annotated[str, typer.Option("-o", "--output", help="JSONL results, appended (resumable).")],
     parallel: Annotated[int, typer.Option(
         "--parallel", help="Sequences decoded together in one context.", callback=at_least("--parallel", 1))] = 1,
+    cache_ram: Annotated[int, typer.Option(
+        "--cache-ram", "-cram", metavar="MIB",
+        help="RAM for the KV of earlier prompts, restored when a request shares a longer prefix with one "
+             "(as llama-server's; -1: no limit, 0: off).", callback=at_least("--cache-ram", -1))] = 8192,
     ordered: Annotated[bool, typer.Option(
         "--ordered", help="Write records in input order (default: as they finish, which differs with --parallel).")
     ] = False,
@@ -84,7 +88,7 @@ def batch(
         ray_owned = connect(ray_address)   # a dead address: one line, before OUTPUT or its lock exist
     with io.OutputLock(output_path):
         set_llama_log()
-        opts = replace(gen, ngram=ngram, parallel=parallel)
+        opts = replace(gen, ngram=ngram, parallel=parallel, cache_ram_mib=cache_ram)
         with _engine(model, opts, ray_address, ray_workers, ray_owned) as (g, ident):
             for note in ident["notes"]:
                 out.info(note)

@@ -40,8 +40,8 @@ from llamaspec.openai.fields import param_of
 from llamaspec.serve.job import Job, fault_point, prepare
 from llamaspec.serve.prefill import PrefillBudget
 from llamaspec.serve.profile import from_env as profile_from_env
-from llamaspec.serve.prompt_cache import PromptCache
-from llamaspec.serve.slots import pick_slot, swap_in
+from llamaspec.serve.slots import pick_slot
+from llamaspec.speculative.prompt_cache import PromptCache, swap_in
 
 if TYPE_CHECKING:
     from llamaspec.generator import Generator

@@ -45,6 +45,8 @@ from llamaspec.speculative.sequence import (  # noqa: F401  (GenerationConfig & 
     _valid_prefix,
 )
 from llamaspec.speculative.drafters.base import Draft, Drafter
+from llamaspec.speculative.prefix import common_prefix
+from llamaspec.speculative.prompt_cache import PromptCache, swap_in
 from llamaspec.errors import LlamaspecError
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context
@@ -80,6 +82,9 @@ class SpecEngine:
         # Tokens each sequence id holds in the target's KV cache: a new prompt reuses the common
         # prefix (a shared system prompt) instead of evaluating it again.
         self._cached: dict[int, list[int]] = {}
+        # generate_many's RAM prompt cache (batch --cache-ram, as llama-server's): a sequence id's
+        # KV saved before a different prompt cuts it, restored for a prompt sharing more of it
+        self.prompt_cache: PromptCache | None = None
         # Times of whole multi-sequence batches: the curve that prices each sequence's draft rows.
         self._batch_cost = CostModel()
         # The live grammar state of each sequence generating under one (seq_id -> GrammarState,
@@ -127,7 +132,11 @@ class SpecEngine:
                         exhausted = True
                         break
                     key, prompt, config = job
-                    seq = SequenceRun(self, free.pop(), prompt, config, None)
+                    seq_id = free.pop()
+                    if self.prompt_cache is not None:   # a saved prompt sharing more of this one: restored
+                        here = common_prefix(self._cached.get(seq_id, []), prompt, limit=len(prompt) - 1)
+                        swap_in(self.prompt_cache, self, seq_id, list(prompt), here)
+                    seq = SequenceRun(self, seq_id, prompt, config, None)
                     try:
                         seq.start()
                     except LlamaspecError as e:  # this prompt cannot run (too long for the context)

@@ -1,5 +1,5 @@
-"""Prompts that left their server slot, kept in RAM to be restored later (llama-server's
-`--cache-ram`).
+"""Prompts that left their server slot or batch sequence, kept in RAM to be restored later
+(llama-server's `--cache-ram`; `serve` and `batch` take it).
 
 A slot keeps the KV of its last prompt and answer, so a request that comes back to it evaluates
 only its new tokens. With more conversations than slots, a slot is soon taken by another prompt
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Sequence
+
+from llamaspec.errors import LlamaspecError
 
 from llamaspec.speculative.prefix import common_prefix
 
@@ -61,3 +63,26 @@ class PromptCache:
             self.size -= len(dropped)
         self._items[key] = state
         self.size += len(state)
+
+
+def swap_in(cache: PromptCache | None, engine, slot: int, tokens: list[int], here: int) -> None:
+    """Before `tokens` take `slot` (a sequence id of `engine`, the SpecEngine), whose KV shares
+    `here` tokens with them: save the slot's KV to the RAM prompt cache if the new prompt would
+    cut much of it, and restore a saved state that shares a longer prefix with it."""
+    ctx = engine.ctx
+    if cache is None:
+        return
+    cached = engine._cached.get(slot, [])
+    if len(cached) - here >= MIN_TOKENS:
+        cache.put(cached, ctx.save_seq(slot))
+    # (the last prompt token is always evaluated, for its logits)
+    key, n = cache.best(tokens, limit=len(tokens) - 1)
+    if key is None or n < here + MIN_TOKENS:
+        return
+    try:
+        ctx.load_seq(cache.get(key), slot)
+    except LlamaspecError:   # no room for it in the KV cache now: evaluate as usual
+        ctx.seq_rm(slot, 0, -1)
+        engine._cached[slot] = []
+        return
+    engine._cached[slot] = list(key)
