@@ -321,3 +321,13 @@ def test_serve_flag_is_the_default_of_requests_that_set_none(smollm2_f16, tmp_pa
         assert json.loads(own.choices[0].message.content) in enum["enum"]
     finally:
         assert s.stop() == 0, s.log.read_text()
+
+
+def test_a_grammar_that_does_not_compile_is_one_line_on_the_real_stderr(run_cli_subprocess, tiny_models):
+    """llama.cpp's parser writes its reason to file descriptor 2 itself; the reason goes into the
+    one-line error and is not printed a second time above it."""
+    r = run_cli_subprocess("run", tiny_models["target"], "-p", "hi", "-n", "4", "-t", "1",
+                           "--grammar", "root ::= foo")
+    assert r.exit_code == 2
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Undefined rule identifier 'foo'" in lines[0], r.stderr

@@ -250,9 +250,12 @@ def _compile(model, spec: GrammarSpec):
                                                                      tok_arr, len(spec.trigger_tokens))
         else:
             ptr = llama_cpp.llama_sampler_init_grammar(model.vocab, gbnf, root)
+    why = "" if ptr else _parse_error(said[0], list(_LOG_TAIL))
+    if said[0] and not why:   # anything but the parser's reason (which the one-line error says) is kept
+        os.write(2, said[0].encode("utf-8"))
     if not ptr:
-        why = _parse_error(said[0], list(_LOG_TAIL)) or "llama.cpp could not parse it"
-        raise GrammarError(f"{spec.field}: the grammar does not compile: {why}", spec.field)
+        raise GrammarError(f"{spec.field}: the grammar does not compile: {why or 'llama.cpp could not parse it'}",
+                           spec.field)
     return ptr
 
 
@@ -277,8 +280,8 @@ def _parse_error(stderr_text: str, log_lines: list[str]) -> str:
 
 class _native_stderr:
     """Captures what native code writes to file descriptor 2 meanwhile (llama.cpp's grammar
-    parser prints its reason there, not to the log); `said[0]` is the text. Whatever it captured
-    is written back to stderr afterwards, so nothing is lost."""
+    parser prints its reason there, not to the log); `said[0]` is the text, for the caller to
+    fold into its error or write back."""
 
     def __enter__(self) -> list[str]:
         import sys
@@ -303,8 +306,6 @@ class _native_stderr:
         data = self._tmp.read()
         self._tmp.close()
         self.said[0] = data.decode("utf-8", errors="replace")
-        if data:
-            os.write(2, data)
 
 
 def check_grammar(model, spec: GrammarSpec) -> None:
