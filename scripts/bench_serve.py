@@ -476,12 +476,18 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt   # `kill` too stops the server in flight (the with-block's exit)
 
 
-if __name__ == "__main__":
+def run_script(main, name: str) -> None:
+    """Run a server benchmark's main: SIGTERM stops it like Ctrl-C (servers in flight are stopped
+    by their with-blocks), a BenchError is one line and exit 2, an interrupt exit 130."""
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         sys.exit(main())
     except BenchError as e:
-        print(f"bench_serve: {e}", file=sys.stderr)
+        print(f"{name}: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+if __name__ == "__main__":
+    run_script(main, "bench_serve")

@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,7 +43,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_serve import NATIVE_CANDIDATES, REQUEST_TIMEOUT, BenchError, Server  # noqa: E402
+from bench_serve import NATIVE_CANDIDATES, REQUEST_TIMEOUT, BenchError, Server, run_script  # noqa: E402
 
 DEFAULT_JOB = HERE / "extraction_batch.jsonl"
 
@@ -395,16 +394,5 @@ def report(out: dict) -> None:
                                                        for name, c in d["per_drafter"].items()))
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt   # `kill` too stops the server in flight (the with-block's exit)
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        sys.exit(main())
-    except BenchError as e:
-        print(f"bench_structured: {e}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_script(main, "bench_structured")
