@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -125,7 +126,14 @@ def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
     except (ValueError, KeyError, TypeError, RecursionError, AssertionError) as e:   # (the converter asserts
         # on an unresolvable $ref, an unknown type, an unanchored pattern)
         raise GrammarError(f"{field}: the JSON schema cannot be converted to a grammar: {e}", field) from None
-    return GrammarSpec(gbnf, field=field)
+    return GrammarSpec(_CHAR_RULE.sub(lambda m: JSON_CHAR, gbnf), field=field)
+
+
+# llama-cpp-python's converter lets a JSON string hold raw control characters (its `char` is
+# [^"\\]): a newline copied from the prompt into a value made output json.loads refuses.
+# llama.cpp's own converter (json-schema-to-grammar.cpp) excludes them, as JSON does.
+JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
+_CHAR_RULE = re.compile(r"^char ::= .*$", re.M)
 
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])

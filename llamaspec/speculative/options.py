@@ -75,6 +75,9 @@ SPEC_TYPES: dict[str, SpecType] = {t.name: t for t in (
     # llamaspec's own: the text a grammar forces (drafters/grammar_jump.py), first: where the
     # grammar admits one continuation it is near certain, and elsewhere it proposes nothing
     SpecType("grammar", 0.5, implemented=True, in_llama_cpp=False, joins_every_chain=True),
+    # llamaspec's own: the prompt's text copied into a grammar's free text, closed by the text
+    # the grammar then forces (drafters/grammar_copy.py); silent without a grammar, like `grammar`
+    SpecType("grammar-copy", 0.6, implemented=True, in_llama_cpp=False, joins_every_chain=True),
     SpecType("ngram-simple", 1, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_SIMPLE_FLAGS, implemented=True),
     SpecType("ngram-map-k", 2, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MAP_K_FLAGS, implemented=True),
     SpecType("ngram-map-k4v", 3, draft_max=DRAFT_MAX_NGRAM, native_flags=_NGRAM_MAP_K4V_FLAGS, implemented=True),

@@ -57,12 +57,16 @@ class Draft:
     match:  how many tokens of context matched where the draft was copied from, for drafters that
             know it (prompt-lookup); None otherwise. The controller keeps acceptance per match
             length: a draft after a long match is likelier to be right.
+    hold:   an empty draft that speaks for the step: a chain asks no later member (the grammar
+            copy drafter at a value's first bytes, where the other copy drafters' only evidence is
+            the keys the grammar forced, which match another record's value in a worked example).
     """
 
     tokens: list[int]
     probs: list[np.ndarray] | None = None
     source: str = ""
     match: int | None = None
+    hold: bool = False
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -82,6 +82,8 @@ class ChainDrafter(Drafter):
                     draft.source = d.name
                 self._winner[seq_id] = d
                 return draft
+            if draft.hold:
+                break
         return Draft([], None, "")
 
     def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int],

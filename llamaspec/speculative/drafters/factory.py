@@ -188,8 +188,15 @@ def _grammar(opts, target, ctx, sampling) -> Built:
     return Built(GrammarJumpDrafter(target))
 
 
+def _grammar_copy(opts, target, ctx, sampling) -> Built:
+    from llamaspec.speculative.drafters.grammar_copy import GrammarCopyDrafter
+
+    return Built(GrammarCopyDrafter(target))
+
+
 _BUILDERS: dict[str, Callable[..., Built]] = {
     "grammar": _grammar,
+    "grammar-copy": _grammar_copy,
     "ngram-simple": _ngram_simple,
     "ngram-map-k": _ngram_map_k,
     "ngram-map-k4v": _ngram_map_k4v,

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from llamaspec.runtime.grammar import GrammarState
     from llamaspec.runtime.llama import Model
 
-__all__ = ["GrammarJumpDrafter", "forced_text"]
+__all__ = ["GrammarJumpDrafter", "Layout", "forced_text", "spell"]
 
 #: bytes of forced text looked at per draft at most (a long key and its punctuation fit)
 MAX_BYTES = 96
@@ -57,6 +57,8 @@ MAX_LOOKBACK = 16
 #: ` "` before a free string (` "$`, ` "+` are tokens, but few of the bytes a string may start with)
 TAIL_SHARE = 0.25
 _WS = frozenset(b" \t\n\r")
+#: bytes of the latest finished output kept for the next one's whitespace choices
+LAYOUT_BYTES = 1024
 
 
 class _Vocab:
@@ -122,10 +124,12 @@ def _whitespace_choice(seen: bytes, allowed: list[int]) -> int | None:
     """
     if sum(1 for b in allowed if b not in _WS) > 1:
         return None
-    if not seen or chr(seen[-1]).isalnum():   # after a word or number (`true`, `42`) the bytes
-        return None                           # before say nothing about the layout
+    if not seen:
+        return None
     ok = set(allowed)
-    for n in (4, 2, 1):
+    # after a letter or digit only a whole literal's end says something (`true` then `}`): a
+    # shorter context matches inside any word
+    for n in ((4,) if chr(seen[-1]).isalnum() else (4, 2, 1)):
         if len(seen) <= n:
             continue
         key, end = seen[-n:], len(seen) - 1
@@ -136,15 +140,38 @@ def _whitespace_choice(seen: bytes, allowed: list[int]) -> int | None:
             if seen[i + n] in ok:
                 return seen[i + n]
             end = i + n - 1
-    return None
+    return _closer_layout(seen, allowed)
+
+
+_CLOSERS = b",}]"
+
+
+def _closer_layout(seen: bytes, allowed: list[int]) -> int | None:
+    """The closer (`,` `}` `]`) where it is the one non-whitespace byte allowed, when this output
+    never wrote whitespace before a closer and did write a closer (`"paid": true` then `}`, as
+    `",` before). None otherwise.
+
+        >>> _closer_layout(b'{"a": "x", "b": true', [ord(" "), ord("}")]) == ord("}")
+        True
+        >>> _closer_layout(b'{\\n  "a": "x"\\n}, true', [ord(" "), ord("}")]) is None
+        True
+    """
+    others = [b for b in allowed if b not in _WS]
+    if len(others) != 1 or others[0] not in _CLOSERS:
+        return None
+    loose = sum(seen.count(bytes([w, c])) for w in _WS for c in _CLOSERS)
+    tight = sum(seen.count(bytes([c])) for c in _CLOSERS) - loose
+    return others[0] if tight and not loose else None
 
 
 def forced_text(state: "GrammarState", vocab: _Vocab, max_bytes: int, seen: bytes = b"",
-                guess_whitespace: bool = True, more: Callable[[], int] | None = None
-                ) -> tuple[bytes, int | None, list[int]]:
+                guess_whitespace: bool = True, more: Callable[[], int] | None = None,
+                tight_end: bool = False) -> tuple[bytes, int | None, list[int]]:
     """(forced bytes, EOG token if the grammar then allows only end of generation, bytes it
     allows where the forced text stops). Works on a clone of `state`. `more()` is called once the
-    first byte is forced, and returns how many bytes to look at in all (the draft's room)."""
+    first byte is forced, and returns how many bytes to look at in all (the draft's room).
+    tight_end: where the grammar allows the end or trailing whitespace (a schema's root ends with
+    an optional space), guess the end (the latest output ended so)."""
     g = state.clone()
     out = bytearray()
     allowed_bytes: list[int] = []
@@ -154,7 +181,8 @@ def forced_text(state: "GrammarState", vocab: _Vocab, max_bytes: int, seen: byte
             eog = [t for t in allowed if t in vocab.eog_set]
             allowed_bytes = [vocab.byte_of[t] for t in allowed if t not in vocab.eog_set]
             if eog:
-                if not allowed_bytes:   # the grammar is complete: only the end may follow
+                if not allowed_bytes or (tight_end and guess_whitespace and all(b in _WS for b in allowed_bytes)):
+                    # the grammar is complete: only the end (or whitespace, guessed away) may follow
                     return bytes(out), (vocab.eos if vocab.eos in eog else eog[0]), []
                 break
             if len(allowed_bytes) == 1:
@@ -175,6 +203,26 @@ def forced_text(state: "GrammarState", vocab: _Vocab, max_bytes: int, seen: byte
     return bytes(out), None, [] if len(out) >= max_bytes else allowed_bytes
 
 
+class Layout:
+    """The end of the latest finished output, for the next one's whitespace choices: where this
+    output has not chosen yet (its first key: `{"name":` then ' "' or '"'), the choice the latest
+    output made at the same place (one model, one style); and whether it ended on its last
+    value (`}` then the end) or wrote whitespace first."""
+
+    def __init__(self):
+        self.last = b""
+
+    def remember(self, output: bytes) -> None:
+        self.last = bytes(output[-LAYOUT_BYTES:])
+
+    def before(self, output: bytes) -> bytes:
+        return self.last + bytes(output)
+
+    @property
+    def tight_end(self) -> bool:
+        return not self.last or self.last[-1] not in _WS
+
+
 class GrammarJumpDrafter(Drafter):
     """Drafts the text a sequence's grammar forces (see the module docstring).
 
@@ -192,6 +240,7 @@ class GrammarJumpDrafter(Drafter):
         self.target, self.tail, self.guess_whitespace, self.max_bytes = target, tail, guess_whitespace, max_bytes
         self._grammars: Mapping[int, "GrammarState"] = {}
         self._seen: dict[int, bytearray] = {}
+        self.layout = Layout()
 
     def bind_grammars(self, grammars: Mapping[int, "GrammarState"]) -> None:
         self._grammars = grammars
@@ -206,7 +255,9 @@ class GrammarJumpDrafter(Drafter):
                 seen += self.target.piece(int(t))
 
     def end(self, seq_id: int) -> None:
-        self._seen.pop(seq_id, None)
+        seen = self._seen.pop(seq_id, None)
+        if seen:
+            self.layout.remember(seen)
 
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
         return self.propose_within(seq_id, history, lambda d, match=None: n_max)
@@ -222,9 +273,9 @@ class GrammarJumpDrafter(Drafter):
             room[0] = limit(self)
             return min(self.max_bytes, 8 * room[0] + 8)
 
-        seen = bytes(self._seen.get(seq_id, b""))
+        seen = self.layout.before(self._seen.get(seq_id, b""))
         data, eog, allowed_after = forced_text(state, _vocab(self.target), self.max_bytes, seen,
-                                               self.guess_whitespace, more)
+                                               self.guess_whitespace, more, tight_end=self.layout.tight_end)
         if not data and eog is None:
             return Draft([])
         if not data:   # only the end may follow: the draft is the EOG token
@@ -237,26 +288,30 @@ class GrammarJumpDrafter(Drafter):
         return Draft(tokens[:k], source=self.name)
 
     def _tokens(self, data: bytes, eog: int | None, allowed_after: list[int]) -> list[int]:
-        """The forced bytes in the target's tokenization: the tokens whose texts spell a prefix of
-        them, the last one dropped per `tail` where free text follows; the EOG token appended when
-        the grammar ends there."""
-        text = _valid_utf8_prefix(data)
-        toks = self.target.tokenize(text, add_special=False, parse_special=False)
-        keep, pos = [], 0
-        for t in toks:   # a tokenizer that adds a leading space (SentencePiece) spells other bytes
-            p = self.target.piece(t)
-            if not p or data[pos:pos + len(p)] != p:
-                break
-            keep.append(t)
-            pos += len(p)
-        whole = pos == len(data)
-        if whole and eog is not None:
-            return keep + [eog]
-        if keep and whole and allowed_after and self.tail != "keep":
-            if self.tail == "drop":
+        return spell(self.target, data, eog, allowed_after, self.tail)
+
+
+def spell(target: "Model", data: bytes, eog: int | None, allowed_after: list[int], tail: str = "check") -> list[int]:
+    """Forced bytes in the target's tokenization: the tokens whose texts spell a prefix of `data`,
+    the last one dropped per `tail` where free text follows (`allowed_after`: the bytes the grammar
+    allows there); the EOG token appended when the grammar ends there."""
+    text = _valid_utf8_prefix(data)
+    toks = target.tokenize(text, add_special=False, parse_special=False)
+    keep, pos = [], 0
+    for t in toks:   # a tokenizer that adds a leading space (SentencePiece) spells other bytes
+        p = target.piece(t)
+        if not p or data[pos:pos + len(p)] != p:
+            break
+        keep.append(t)
+        pos += len(p)
+    whole = pos == len(data)
+    if whole and eog is not None:
+        return keep + [eog]
+    if keep and whole and allowed_after and tail != "keep":
+        if tail == "drop":
+            keep.pop()
+        else:
+            nxt = _vocab(target).extends.get(target.piece(keep[-1]), ())
+            if sum(b in nxt for b in allowed_after) >= TAIL_SHARE * len(allowed_after):
                 keep.pop()
-            else:
-                nxt = _vocab(self.target).extends.get(self.target.piece(keep[-1]), ())
-                if sum(b in nxt for b in allowed_after) >= TAIL_SHARE * len(allowed_after):
-                    keep.pop()
-        return keep
+    return keep
