@@ -47,9 +47,11 @@ def test_priority_is_llama_cpp_order():
     assert native[:5] == ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
     assert native[5:] == ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
     # llamaspec's own type drafts from the text like the n-gram types: after them, before the models
-    assert PRIORITY.index("prompt-lookup") == 6
-    # the grammar drafter first: where a grammar forces text it is near certain, elsewhere it is silent
-    assert PRIORITY[0] == "grammar" and not SPEC_TYPES["grammar"].in_llama_cpp
+    assert PRIORITY.index("prompt-lookup") == 7
+    # the grammar drafters first: where a grammar forces text it is near certain, then the prompt's
+    # text copied into its free text; elsewhere both are silent
+    assert PRIORITY[:2] == ("grammar", "grammar-copy")
+    assert not SPEC_TYPES["grammar"].in_llama_cpp and not SPEC_TYPES["grammar-copy"].in_llama_cpp
     assert list(SPEC_TYPES) == ["none", *PRIORITY]  # the table is written in that order
     # every implemented type that drafts has a builder in the factory, and nothing else does
     from llamaspec.speculative.drafters.factory import _BUILDERS
@@ -64,7 +66,7 @@ def test_order_by_priority_and_aliases():
     with pytest.raises(ValueError, match="unknown speculative type 'ngram'"):
         canonical_name("ngram")
     # usage errors: an unknown type lists the known ones; a known one llamaspec lacks says so
-    with pytest.raises(UsageError, match="unknown speculative type 'nope'; known: none, grammar, ngram-simple"):
+    with pytest.raises(UsageError, match="unknown speculative type 'nope'; known: none, grammar, grammar-copy, ngram-simple"):
         parse_spec_types("ngram-mod,nope")
     # every type of llama.cpp's --spec-type list (common/speculative.cpp) is accepted
     llama_cpp_list = ("none draft-simple draft-eagle3 draft-dflash draft-dspark draft-mtp ngram-cache "

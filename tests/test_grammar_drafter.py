@@ -183,9 +183,11 @@ def test_the_factory_puts_the_grammar_drafter_in_every_drafting_chain(tiny_model
             finally:
                 built.close()
 
-        assert names(["ngram-mod"]) == ["grammar", "ngram-mod"]
-        assert names(["suffix", "prompt-lookup"]) == ["grammar", "prompt-lookup", "suffix"]
+        assert names(["ngram-mod"]) == ["grammar", "grammar-copy", "ngram-mod"]
+        assert names(["suffix", "prompt-lookup"]) == ["grammar", "grammar-copy", "prompt-lookup", "suffix"]
         assert names(["grammar"]) == ["grammar"]        # --spec-type grammar: alone, for testing
+        assert names(["grammar-copy"]) == ["grammar-copy"]
+        assert names(["grammar-copy", "grammar"]) == ["grammar", "grammar-copy"]
         assert names([]) is None and names(["none"]) is None   # plain decoding stays plain
         built = build_drafter(SpecOptions(spec_types=["ngram-mod"]), target, ctx, greedy)
         assert isinstance(built.drafter, ChainDrafter)
@@ -194,7 +196,7 @@ def test_the_factory_puts_the_grammar_drafter_in_every_drafting_chain(tiny_model
         ctx.close()
         target.close()
     # not a type bench or tune measures alone: it drafts nothing without a grammar
-    assert "grammar" not in default_bench_modes(True)
+    assert "grammar" not in default_bench_modes(True) and "grammar-copy" not in default_bench_modes(True)
 
 
 # ---- end to end, as `run` / the Python API build it -------------------------------------------------

@@ -57,9 +57,10 @@ class Draft:
     match:  how many tokens of context matched where the draft was copied from, for drafters that
             know it (prompt-lookup); None otherwise. The controller keeps acceptance per match
             length: a draft after a long match is likelier to be right.
-    hold:   an empty draft that speaks for the step: a chain asks no later member (the grammar
-            copy drafter at a value's first bytes, where the other copy drafters' only evidence is
-            the keys the grammar forced, which match another record's value in a worked example).
+    hold:   an empty draft that speaks for the step's copying: a chain asks no later member that
+            `copies` (the grammar copy drafter at a value's first bytes, where the other copy
+            drafters' only evidence is the keys the grammar forced, which match another record's
+            value in a worked example); a draft model is still asked.
     """
 
     tokens: list[int]
@@ -99,6 +100,9 @@ class Drafter(ABC):
     #: True when drafts carry `Draft.match`: the engine then sizes them per match length
     #: (match_controller.py)
     sizes_by_match: bool = False
+    #: True when drafts are copied from earlier text by context matches (the n-gram types,
+    #: prompt-lookup, suffix): they stop where a grammar copy drafter holds (`Draft.hold`)
+    copies: bool = False
     #: tokens the drafter re-reads before it can draft after a pause (a draft model's catch-up
     #: window); part of what a probe costs (DraftLengthController.probe_loss)
     resume_tokens: int = 0

@@ -75,15 +75,17 @@ class ChainDrafter(Drafter):
     def propose_within(self, seq_id: int, history: Sequence[int],
                        limit: Callable[..., int]) -> Draft:
         self._winner.pop(seq_id, None)
+        hold = False
         for d in self.drafters:
+            if hold and d.copies:   # a grammar copy drafter spoke for this step's copying
+                continue
             draft = d.propose_within(seq_id, history, limit)
             if draft.tokens:
                 if not draft.source:
                     draft.source = d.name
                 self._winner[seq_id] = d
                 return draft
-            if draft.hold:
-                break
+            hold = hold or draft.hold
         return Draft([], None, "")
 
     def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int],

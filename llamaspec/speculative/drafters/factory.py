@@ -214,12 +214,14 @@ _BUILDERS: dict[str, Callable[..., Built]] = {
 
 def build_drafter(opts: SpecOptions, target: "Model", ctx: "Context", sampling: "SamplingParams") -> Built:
     """Drafter for opts.spec_types (put in priority order here); None for plain decoding.
-    Every drafting set of types gets the chain joiners too (the grammar drafter: a no-op for a
-    sequence without a grammar). Unknown types and types llamaspec does not implement are usage
+    Every drafting set of types gets the chain joiners too (the grammar drafters: no-ops for a
+    sequence without a grammar), unless it holds joiners only. Unknown types and types llamaspec does not implement are usage
     errors."""
     built: list[Built] = []
     types = parse_spec_types(opts.spec_types)
-    if types:   # drafting at all: the grammar drafter joins (it drafts only under a grammar)
+    # drafting at all: the grammar drafters join (they draft only under a grammar); a set of
+    # joiners only (--spec-type grammar) is taken as given, to measure one alone
+    if any(t not in chain_joiners() for t in types):
         types = parse_spec_types(types + chain_joiners())
     try:
         for t in types:

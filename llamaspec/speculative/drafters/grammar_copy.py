@@ -50,7 +50,7 @@ MAX_MATCH = 64
 #: bytes of source text copied per draft at most
 MAX_COPY = 96
 #: where a copied value most likely ends in its source: before these bytes, and before ". " (a
-#: sentence's end, not "Mr." or "3.2.0")
+#: sentence's end, not "Mr." or "3.2.0"; a "." that ends the text copied from says nothing)
 _DELIMITERS = frozenset(b"\n\r\t,;:|()[]{}<>")
 #: bytes tried first when asking whether a byte was forced: in free text one of them is allowed
 _FREE_PROBES = b'ea 0"-,'
@@ -63,7 +63,7 @@ def value_end(source: bytes) -> int:
         (8, 0, 1)
     """
     for i, b in enumerate(source):
-        if b in _DELIMITERS or (b in b".!?" and (i + 1 == len(source) or source[i + 1] in b" \n")):
+        if b in _DELIMITERS or (b in b".!?" and source[i + 1:i + 2] in (b" ", b"\n")):
             return i
     return len(source)
 

@@ -149,11 +149,13 @@ _CLOSERS = b",}]"
 def _closer_layout(seen: bytes, allowed: list[int]) -> int | None:
     """The closer (`,` `}` `]`) where it is the one non-whitespace byte allowed, when this output
     never wrote whitespace before a closer and did write a closer (`"paid": true` then `}`, as
-    `",` before). None otherwise.
+    `",` before), nor a blank after an opener for `}` `]` (`{ "a": 1 }`). None otherwise.
 
         >>> _closer_layout(b'{"a": "x", "b": true', [ord(" "), ord("}")]) == ord("}")
         True
         >>> _closer_layout(b'{\\n  "a": "x"\\n}, true', [ord(" "), ord("}")]) is None
+        True
+        >>> _closer_layout(b'{ "a": "x", "b": true', [ord(" "), ord("}")]) is None
         True
     """
     others = [b for b in allowed if b not in _WS]
@@ -161,7 +163,9 @@ def _closer_layout(seen: bytes, allowed: list[int]) -> int | None:
         return None
     loose = sum(seen.count(bytes([w, c])) for w in _WS for c in _CLOSERS)
     tight = sum(seen.count(bytes([c])) for c in _CLOSERS) - loose
-    return others[0] if tight and not loose else None
+    # `{ "name": ...` opens with a blank: it closes with one (` }`)
+    padded = others[0] in b"}]" and any(seen.count(bytes([o, w])) for o in b"{[" for w in _WS)
+    return others[0] if tight and not loose and not padded else None
 
 
 def forced_text(state: "GrammarState", vocab: _Vocab, max_bytes: int, seen: bytes = b"",

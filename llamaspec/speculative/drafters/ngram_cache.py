@@ -250,6 +250,7 @@ class NgramCacheDrafter(Drafter):
     """
 
     name = "ngram-cache"
+    copies = True
 
     def __init__(self, static_path: str | Path | None = None, dynamic_path: str | Path | None = None,
                  n_draft: int | None = 8, chunked_update: bool = True, n_vocab: int | None = None):

@@ -250,6 +250,8 @@ def ngram_map_accept(mp: NgramMap, n_accepted: int) -> None:
 class _NgramMapDrafter(Drafter):
     """One `NgramMap` per sequence, driven like llama.cpp's common_speculative_impl_ngram_map_k."""
 
+    copies = True
+
     key_only = True
 
     def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1):

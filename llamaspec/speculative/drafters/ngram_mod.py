@@ -224,6 +224,7 @@ class NgramModDrafter(Drafter):
     """
 
     name = "ngram-mod"
+    copies = True
 
     def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64,
                  pool_size: int = NGRAM_MOD_POOL_SIZE, index_chunk: int = 32,

@@ -83,6 +83,7 @@ class NgramSimpleDrafter(Drafter):
     """
 
     name = "ngram-simple"
+    copies = True
 
     def __init__(self, size_n: int = 12, size_m: int = 48):
         if size_n < 1 or size_m < 1:

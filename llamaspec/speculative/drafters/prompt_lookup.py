@@ -99,6 +99,7 @@ class PromptLookupDrafter(Drafter):
     """
 
     name = "prompt-lookup"
+    copies = True
     sizes_by_match = True
 
     def __init__(self, n_min: int = 2, n_max: int = 16, size_m: int = 64,

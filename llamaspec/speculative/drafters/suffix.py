@@ -51,6 +51,7 @@ class SuffixDrafter(Drafter):
     module docstring). The global index outlives requests: it lives as long as the drafter."""
 
     name = "suffix"
+    copies = True
     sizes_by_match = True
 
     def __init__(self, n_min: int = 2, n_max: int = 32, size_m: int = 64, *, factor: float = 1.0,
