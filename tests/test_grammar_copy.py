@@ -106,6 +106,16 @@ def test_without_a_grammar_it_is_silent(model):
     assert not draft.tokens and not draft.hold
 
 
+def test_silent_until_the_grammar_forces_a_byte(model):
+    # a grammar that constrains nothing here (a lazy tool-call grammar before its trigger is so):
+    # no draft and no hold, so prompt lookup copies as without a grammar
+    free = GrammarSpec(r'root ::= [^\x00]+')
+    chain = ChainDrafter([GrammarCopyDrafter(model), PromptLookupDrafter(size_m=16)])
+    d, history = _at(model, free, SIGNATURE, "Tom", chain)
+    assert _text(model, d.propose(0, history, 16)).startswith(" Becker")
+    assert d.propose(0, history, 16).source == "prompt-lookup"
+
+
 def test_the_live_state_is_not_advanced(model):
     d, history = _at(model, GrammarSpec(NAME_OK), SIGNATURE, '{"name": "Tom')
     state = d._grammars[0]

@@ -24,11 +24,14 @@ run is `Tom`; " Becker\\nHead" follows it in the prompt; the grammar refuses "\\
 the draft is ` Becker` + `"` + `, "email": "` = ` Becker`, `",`, ` "`, `email`, `":`, ` "`.
 
 Drafts carry their match length (bytes of free run matched, as `Draft.match`): the engine sizes
-them per match length (match_controller.py). Silent (not asked, not timed) without a grammar.
+them per match length (match_controller.py). Silent (not asked, not timed) without a grammar, and
+until the grammar has forced a byte (a lazy tool-call grammar before its trigger; `json_object`'s
+any JSON value, which forces little): there the other drafters copy as without a grammar.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
@@ -49,9 +52,12 @@ MIN_MATCH = 3
 MAX_MATCH = 64
 #: bytes of source text copied per draft at most
 MAX_COPY = 96
-#: where a copied value most likely ends in its source: before these bytes, and before ". " (a
-#: sentence's end, not "Mr." or "3.2.0"; a "." that ends the text copied from says nothing)
-_DELIMITERS = frozenset(b"\n\r\t,;:|()[]{}<>")
+#: where a copied value most likely ends in its source: a delimiter; a sentence's end (". ", not
+#: "Mr." or "3.2.0"; a "." that ends the text copied from says nothing); a dash or slash between
+#: blanks; a word that joins a value to the prose around it ("Data Summit on 2025-06-12 in
+#: Berlin", "Rex building kit by Blockworks": English; elsewhere the delimiters still end values)
+_VALUE_END = re.compile(rb"[\n\r\t,;:|()\[\]{}<>]|[.!?](?=[ \n])| (?:-|\xe2\x80\x93|/|on|in|at|by|for|from|with"
+                        rb"|and|or|was|were|is|are|has|have|had|to|will|who|which|that|via)(?= )")
 #: bytes tried first when asking whether a byte was forced: in free text one of them is allowed
 _FREE_PROBES = b'ea 0"-,'
 
@@ -60,12 +66,17 @@ def value_end(source: bytes) -> int:
     """Where a value copied from `source` most likely ends: its first delimiter, or len(source).
 
         >>> value_end(b" Becker | Head of Sales"), value_end(b". Ali Hassan, ok"), value_end(b"x")
-        (8, 0, 1)
+        (7, 0, 1)
+        >>> value_end(b" Summit on 2025-06-12"), value_end(b"3.2.0 and 3.3"), value_end(b" Bonnet")
+        (7, 5, 7)
     """
-    for i, b in enumerate(source):
-        if b in _DELIMITERS or (b in b".!?" and source[i + 1:i + 2] in (b" ", b"\n")):
-            return i
-    return len(source)
+    m = _VALUE_END.search(source)
+    if not m:
+        return len(source)
+    end = m.start()
+    while end > 0 and source[end - 1] in b" \t":   # "Becker | Head": the value is "Becker"
+        end -= 1
+    return end
 
 
 def longest_source(haystack: bytes, end: int, run: bytes, min_match: int = MIN_MATCH) -> tuple[int, int]:
@@ -96,6 +107,7 @@ class _Seq:
         self.n_prompt = len(prompt_text)
         self.shadow = shadow
         self.run_start = len(self.text)      # the free run: text[run_start:]
+        self.constrained = False             # the grammar forced a byte yet
 
 
 class GrammarCopyDrafter(Drafter):
@@ -142,6 +154,7 @@ class GrammarCopyDrafter(Drafter):
                         forced = True
                     if forced:
                         s.run_start = len(s.text) + 1
+                        s.constrained = True
                 s.text.append(b)
 
     @staticmethod
@@ -171,7 +184,9 @@ class GrammarCopyDrafter(Drafter):
     def propose_within(self, seq_id: int, history: Sequence[int], limit: Callable[..., int]) -> Draft:
         s = self._seqs.get(seq_id)
         state = self._grammars.get(seq_id)
-        if s is None or state is None:
+        # a grammar that has forced nothing yet (a lazy tool-call grammar before its trigger, any
+        # JSON value) says nothing about where values are: the other drafters' text
+        if s is None or state is None or not s.constrained:
             return Draft([])
         announce(limit, self)
         run = bytes(s.text[s.run_start:])
