@@ -162,7 +162,14 @@ class Generator(OpenAIMethods):
     # -- what was loaded -----------------------------------------------------------------------
     @property
     def spec_label(self) -> str:
-        return self.resolved.spec_label
+        """The drafting types; with a default grammar (--grammar, -j) the grammar drafters that
+        join them first (they draft only under a grammar, so otherwise they go unnamed)."""
+        from llamaspec.speculative.options import chain_joiners
+
+        types = self.resolved.spec_types
+        if self.generation_options.grammar is not None and types and types != ["none"]:
+            types = [t for t in chain_joiners() if t not in types] + list(types)
+        return ",".join(types) or "none"
 
     @property
     def notes(self) -> list[str]:

@@ -65,13 +65,13 @@ def open_chat(model: str | None, options: GenerationOptions, out: Output, color:
             out.detail(line)
         if warning := draft_size_warning(r.target_path, r.draft_path):
             out.warn(warning)
-        out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")
+        out.detail(f"target {r.target_path}; spec {g.spec_label}; draft {r.draft_path}")
         if not g.pipeline.target.chat_template:
             raise UsageError(f"{r.target_path.name} has no chat template, so it cannot chat",
                              "use `llamaspec run -p TEXT` for plain completion")
         session = ChatSession(g, out, color=color, system=options.system)
         if sys.stdin.isatty():
-            out.info(f"[dim]{escape(r.target_path.name)}, spec {escape(r.spec_label)}, context {g.n_ctx} "
+            out.info(f"[dim]{escape(r.target_path.name)}, spec {escape(g.spec_label)}, context {g.n_ctx} "
                      "tokens. /? for help, Ctrl + d to exit.[/dim]")
         session.loop(_line_reader(out))
 

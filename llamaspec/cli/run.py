@@ -65,13 +65,13 @@ def run(
     set_llama_log()
     with Generator.from_options(model, replace(gen, ngram=ngram)) as g:
         r = g.resolved
-        for note in first_lines(g.notes, g.tuned, r.spec_label):
+        for note in first_lines(g.notes, g.tuned, g.spec_label):
             out.info(note)
         for line in r.details:
             out.detail(line)
         if warning := draft_size_warning(r.target_path, r.draft_path):
             out.warn(warning)
-        out.detail(f"target {r.target_path}; spec {r.spec_label}; draft {r.draft_path}")
+        out.detail(f"target {r.target_path}; spec {g.spec_label}; draft {r.draft_path}")
         placed = g.pipeline.target.buffers  # the policy the load applied, not a second decision
         out.detail(placed.decision.reason + (f"; {placed.note}" if placed.note else ""))
         out.detail(f"GPU offload: {g.pipeline.offload.reason}")
