@@ -231,3 +231,30 @@ def test_greedy_output_under_a_schema_equals_plain_and_the_grammar_drafter_is_cr
     with Generator(smollm2_f16, spec_type="grammar", **kw) as g:   # alone, for testing
         alone = g.generate(ASKS[0], json_schema=CONTACT)
     assert alone.tokens == plain[0].tokens and alone.stats["per_drafter"]["grammar"]["accepted"] > 0
+
+
+@pytest.mark.slow
+def test_the_opening_forced_text_is_verified_in_the_prompts_batch(smollm2_f16):
+    # `{"name": "` before the model chose anything: drafted with the prompt, so the first tokens
+    # come out of the prompt's own batch, and the output is still plain decoding's
+    from llamaspec import Generator
+    from llamaspec.speculative.sequence import SequenceRun
+
+    kw = dict(temperature=0, threads=1, max_tokens=48)
+    with Generator(smollm2_f16, spec_type="none", **kw) as g:
+        plain = g.generate(ASKS[1], json_schema=CONTACT)
+    with Generator(smollm2_f16, spec_type="grammar", **kw) as g:
+        g.generate(ASKS[0], json_schema=CONTACT)   # the layout after `{` is learnt from an output
+        engine, target = g.pipeline.engine, g.pipeline.target
+        from llamaspec.bench.prompts import format_prompt
+        from llamaspec.runtime.grammar import grammar_from_schema
+
+        _, prompt, _ = format_prompt(target, ASKS[1])
+        seq = SequenceRun(engine, 0, prompt, g.pipeline.config(max_tokens=48, grammar=grammar_from_schema(CONTACT)), None)
+        seq.start()
+        opened = list(seq.out.tokens)
+        while not seq.done:
+            engine._step([seq])
+        out = seq.finish()
+    assert len(opened) > 2 and out.tokens == plain.tokens, (target.detokenize(opened), out.text, plain.text)
+    assert target.detokenize(opened).startswith('{"name": "') or target.detokenize(opened).startswith('{ "name": "')

@@ -128,8 +128,48 @@ class SequenceRun:
         """Evaluate the prompt (reusing a cached common prefix) and sample the first token."""
         ctx = self.engine.ctx
         self.begin()
+        opening = self._opening()
+        if opening:
+            return self._open_with(opening)
         n_out = ctx.decode(self.history[self.n_past:], self.n_past, self.seq_id, outputs="last")
         self.prefilled(len(self.history) - self.n_past, ctx.logits(n_out)[0])
+
+    def _opening(self) -> Draft:
+        """A draft of the reply's first tokens, verified in the prompt's own batch: the text a
+        grammar forces before the model has chosen anything (`{"name": "` of a schema's first key),
+        which would otherwise cost the first steps after the prompt. Asked of the drafters that
+        can draft before the first token (`Drafter.opening`), under a grammar only."""
+        eng, c = self.engine, self.config
+        # (not with a drafter that reads the target's decodes (MTP, EAGLE-3, DFlash): it expects the
+        # prompt's batch to be the prompt; nor where a draft's rows cannot be cut from the memory)
+        if (eng.drafter is None or self.rules is None or self.rules.grammar is None
+                or eng.target.needs_checkpoints or eng.ctx.has_decode_listeners or not self.history):
+            return _NO_DRAFT
+        k = min(c.draft_max, c.max_tokens - 1, eng.ctx.n_ctx_seq - len(self.history))
+        if k <= 0:
+            return _NO_DRAFT
+        return self.rules.cut_draft(eng.drafter.opening(self.seq_id, self.history, k).truncated(k))
+
+    def _open_with(self, draft: Draft) -> None:
+        """Evaluate the prompt and `draft` in one batch; the prompt's last token is the `last` of a
+        first step that verifies the draft (settle: the first token, and what of the draft holds)."""
+        ctx = self.engine.ctx
+        rest = self.history[self.n_past:]
+        n_out = ctx.decode(rest + draft.tokens, self.n_past, self.seq_id, outputs=len(draft) + 1)
+        rows = ctx.logits(n_out)
+        eng = self.engine
+        eng.drafter.begin(self.seq_id, self.history, self.draft_rng)   # (after the prompt's decode)
+        self._began = True
+        author = next((m for m in eng.drafter.members() if m.name == draft.source), None)
+        if author is not None:   # a chain credits its member as the step's winner
+            eng.drafter.drafted_by(self.seq_id, author)
+        self.prefilling = False
+        self._t_gen = time.perf_counter()
+        self.stats.prompt_seconds = self._t_gen - self._t0
+        self._clock0 = DecodeClock.seconds
+        self.n_past = len(self.history) - 1   # the KV holds the prompt and the draft: settle cuts it
+        self._draft, self._draft_s, self._state = draft, 0.0, None
+        self.settle(rows, 0.0, timed=False)
 
     # Chunked prefill: begin(), then prefill_segment(n) / prefilled(n, row) in shared steps until
     # the last chunk brings the first token. start() is the same in one go.
@@ -177,7 +217,7 @@ class SequenceRun:
             first = eng._sample_plain(self._allowed(row), prompt, self.params, self.verify_rng)
         else:
             first = self.rules.first(eng, self._allowed(row), prompt, self.params, self.verify_rng)
-        if eng.drafter is not None:
+        if eng.drafter is not None and not self._began:
             eng.drafter.begin(self.seq_id, prompt, self.draft_rng)
             self._began = True
         self._t_gen = time.perf_counter()
@@ -221,8 +261,9 @@ class SequenceRun:
         self._state = self.engine.ctx.save_seq(self.seq_id) if (d and self.engine.target.needs_checkpoints) else None
         return [self.history[-1]] + d, self.n_past, self.seq_id
 
-    def settle(self, rows: np.ndarray, verify_seconds: float) -> None:
-        """Verify this sequence's rows, drop its rejected positions, emit, learn."""
+    def settle(self, rows: np.ndarray, verify_seconds: float, timed: bool = True) -> None:
+        """Verify this sequence's rows, drop its rejected positions, emit, learn (the step's cost
+        too unless not `timed`: the opening draft's batch is mostly the prompt)."""
         eng, ctx, draft = self.engine, self.engine.ctx, self._draft
         d, last = draft.tokens, self.history[-1]
         t0 = time.perf_counter()
@@ -255,8 +296,8 @@ class SequenceRun:
         # prompt): timed as drafting, it would price every later draft token at many.
         first = bool(d) and draft.source not in self._timed
         self._timed.add(draft.source)
-        _observe(self.ctls, draft, n_acc, verify_seconds=verify_s,
-                 draft_seconds=None if first else self._draft_s)
+        _observe(self.ctls, draft, n_acc, verify_seconds=verify_s if timed else None,
+                 draft_seconds=None if first or not timed else self._draft_s)
         if eng.drafter is not None:
             eng.drafter.accepted(self.seq_id, n_acc, new, is_other=not d)
         if not self.done and self.n_past + 1 > ctx.n_ctx_seq:
@@ -377,7 +418,7 @@ def random_streams(seed: int | None) -> tuple[np.random.Generator, np.random.Gen
 
 
 def _observe(ctls: dict[str, DraftLengthController], draft: Draft, n_acc: int, *,
-             verify_seconds: float, draft_seconds: float | None) -> None:
+             verify_seconds: float | None, draft_seconds: float | None) -> None:
     """Feed a step to the controllers: the author of the draft learns its acceptance, the others
     only the target's step cost; after a plain step every controller sees it as one."""
     if not ctls:
@@ -391,7 +432,7 @@ def _observe(ctls: dict[str, DraftLengthController], draft: Draft, n_acc: int, *
             ctl.observe(0, 0, verify_seconds=verify_seconds, draft_seconds=draft_seconds)
         elif ctl is author:
             ctl.observe(n, n_acc, verify_seconds=verify_seconds, draft_seconds=draft_seconds)
-        else:
+        elif verify_seconds is not None:   # (None: an untimed step, the opening draft's)
             ctl.observe_cost(n + 1, verify_seconds)
 
 

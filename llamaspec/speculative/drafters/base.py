@@ -167,6 +167,13 @@ class Drafter(ABC):
         Returns an empty Draft when there is nothing worth drafting.
         """
 
+    def opening(self, seq_id: int, prompt: Sequence[int], n_max: int) -> Draft:
+        """A draft of the reply's first tokens, before the target has chosen any and before `begin`
+        (no state of this sequence yet): the engine verifies it in the prompt's own batch. Only a drafter that knows the reply's
+        start without the model does (the grammar drafter: the text a grammar forces first);
+        the others give no draft."""
+        return Draft([])
+
     def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int],
                  is_other: bool = False) -> None:
         """Feedback after a verify step of sequence `seq_id`.

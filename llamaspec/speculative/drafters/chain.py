@@ -88,6 +88,15 @@ class ChainDrafter(Drafter):
             hold = hold or draft.hold
         return Draft([], None, "")
 
+    def opening(self, seq_id: int, prompt: Sequence[int], n_max: int) -> Draft:
+        # (before `begin`: the engine names the winner with drafted_by once the sequence began)
+        for d in self.drafters:
+            draft = d.opening(seq_id, prompt, n_max)
+            if draft.tokens:
+                draft.source = draft.source or d.name
+                return draft
+        return Draft([], None, "")
+
     def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int],
                  is_other: bool = False) -> None:
         winner = self._winner.pop(seq_id, None)

@@ -266,6 +266,10 @@ class GrammarJumpDrafter(Drafter):
     def propose(self, seq_id: int, history: Sequence[int], n_max: int) -> Draft:
         return self.propose_within(seq_id, history, lambda d, match=None: n_max)
 
+    def opening(self, seq_id: int, prompt: Sequence[int], n_max: int) -> Draft:
+        # the grammar's first forced text (`{` and, as the latest output went on, `"name": "`)
+        return self.propose(seq_id, prompt, n_max)
+
     def propose_within(self, seq_id: int, history: Sequence[int], limit: Callable[..., int]) -> Draft:
         state = self._grammars.get(seq_id)
         if state is None:   # no grammar on this sequence: not asked, not timed
