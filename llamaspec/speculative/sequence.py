@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from llamaspec.errors import ContextFullError
 from llamaspec.runtime.grammar import GrammarSpec
-from llamaspec.runtime.llama import DecodeClock, Model, Utf8Stream
+from llamaspec.runtime.llama import DecodeClock
 from llamaspec.speculative.constrained import Constraints
 from llamaspec.speculative.controller import DraftLengthController
 from llamaspec.speculative.drafters.base import Draft
 from llamaspec.speculative.logprobs import TokenLogprob
 from llamaspec.speculative.metrics import SpecStats
+from llamaspec.speculative.output import EogSet as _EogSet  # noqa: F401  (the engine's)
+from llamaspec.speculative.output import Output as _Output
+from llamaspec.speculative.output import StopReason, StopStrings, TextCallback  # noqa: F401
 from llamaspec.speculative.sampling_params import SamplingParams, seed_entropy
 from llamaspec.speculative.prefix import common_prefix
 
@@ -37,11 +40,6 @@ class GenerationConfig:
     logprobs: int | None = None   # None: off; N >= 0: each token's logprob and the top N of its row
 
 
-#: why a generation ended: an end-of-generation token, -n reached, a stop string, the context
-#: full, or interrupted (Ctrl-C / should_stop)
-StopReason = Literal["eos", "length", "stop", "context", "interrupted"]
-
-
 @dataclass
 class Generation:
     tokens: list[int]
@@ -50,46 +48,6 @@ class Generation:
     stop_reason: StopReason
     stats: SpecStats
     logprobs: list[TokenLogprob] | None = None   # one per token, when GenerationConfig.logprobs was set
-
-
-# on_text(text, from_draft, source): streaming callback for new text; from_draft is True for
-# text of accepted draft tokens (for --color), source names the drafter.
-TextCallback = Callable[[str, bool, str], None]
-
-
-class StopStrings:
-    """Finds stop strings in streamed text, holding back what could be the start of one.
-
-    Only the text not emitted yet is kept (at most the longest stop string but one, plus the new
-    piece): a stop string found now cannot start in text emitted before, since that text was
-    emitted only once no stop could begin in it. So a push costs O(piece + longest stop) per stop
-    string, however long the generation.
-
-        >>> s = StopStrings(["END"])
-        >>> s.push("abcE"), s.push("N"), s.push("D tail")
-        (('ab', False), ('c', False), ('', True))
-    """
-
-    def __init__(self, stops: Sequence[str]):
-        self.stops = [s for s in stops if s]
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.text = ""   # held back: not emitted yet
-
-    def push(self, piece: str) -> tuple[str, bool]:
-        """Add text; return (text safe to emit now, stopped)."""
-        self.text += piece
-        if self.stops:
-            hits = [i for i in (self.text.find(s) for s in self.stops) if i >= 0]
-            if hits:
-                out, self.text = self.text[:min(hits)], ""
-                return out, True
-        safe = max(0, len(self.text) - self.hold) if self.stops else len(self.text)
-        out, self.text = self.text[:safe], self.text[safe:]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.text = self.text, ""
-        return out
 
 
 class SequenceRun:
@@ -110,7 +68,7 @@ class SequenceRun:
         self.ctls = engine._controllers(config, reproducible=self.params.seed is not None
                                         and not self.params.greedy)
         engine.last_controllers = self.ctls
-        self.out = _Output(target, config, on_text)
+        self.out = _Output(target, config.max_tokens, config.stop, on_text)
         self.done = False
         self.n_past = 0
         self._draft = _NO_DRAFT
@@ -342,61 +300,6 @@ class SequenceRun:
                 del self.engine.grammars[self.seq_id]
             self.rules.close()
             self.rules = None
-
-
-class _Output:
-    """The generated tokens and text of one sequence: streaming, stop strings, stop reason."""
-
-    def __init__(self, target: Model, config: GenerationConfig, on_text: TextCallback | None):
-        self.target = target
-        self.max_tokens = config.max_tokens
-        self.on_text = on_text
-        self.tokens: list[int] = []
-        self.parts: list[str] = []
-        self.stop_reason: StopReason = "length"
-        self._stream = Utf8Stream()
-        self._stops = StopStrings(config.stop)
-
-    def emit(self, tokens: list[int], n_acc: int, source: str) -> bool:
-        """Append tokens (the first n_acc from the draft) to the output; True to stop."""
-        for j, tok in enumerate(tokens):
-            if self.target.is_eog(tok):
-                self.stop_reason = "eos"
-                return True
-            self.tokens.append(tok)
-            piece, hit = self._stops.push(self._stream.push(self.target.piece(tok)))
-            if piece:
-                self.parts.append(piece)
-                if self.on_text is not None:
-                    self.on_text(piece, j < n_acc, source)
-            if hit:
-                self.stop_reason = "stop"
-                return True
-            if len(self.tokens) >= self.max_tokens:
-                self.stop_reason = "length"
-                return True
-        return False
-
-    def finish(self) -> None:
-        """Flush text held back (incomplete UTF-8, a possible stop-string start)."""
-        if self.stop_reason == "stop":
-            return
-        tail = self._stops.push(self._stream.flush())[0] + self._stops.flush()
-        if tail:
-            self.parts.append(tail)
-            if self.on_text is not None:
-                self.on_text(tail, False, "")
-
-
-class _EogSet:
-    """The target's end-of-generation ids as a collection for the verifiers (`tok in eog`): an
-    accepted EOG draft token ends the step, so tokens after it are never counted as accepted."""
-
-    def __init__(self, target: Model):
-        self.target = target
-
-    def __contains__(self, tok: object) -> bool:
-        return isinstance(tok, (int, np.integer)) and self.target.is_eog(int(tok))
 
 
 def random_streams(seed: int | None) -> tuple[np.random.Generator, np.random.Generator]:

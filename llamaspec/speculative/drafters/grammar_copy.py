@@ -148,10 +148,13 @@ class GrammarCopyDrafter(Drafter):
                         if tok is None:
                             raise GrammarError("no single-byte token")
                         s.shadow.accept(tok)
-                    except GrammarError:   # (a byte this vocabulary has no token for): stop following
+                    except (GrammarError, ValueError):   # no token for the byte, or a grammar that
+                        # spells a special token ([TOOL_CALLS]) bytes cannot: forced bytes are no
+                        # longer known, so this sequence is left to the other drafters
                         s.shadow.close()
                         s.shadow = None
-                        forced = True
+                        s.constrained = False
+                        forced = False
                     if forced:
                         s.run_start = len(s.text) + 1
                         s.constrained = True
@@ -186,7 +189,7 @@ class GrammarCopyDrafter(Drafter):
         state = self._grammars.get(seq_id)
         # a grammar that has forced nothing yet (a lazy tool-call grammar before its trigger, any
         # JSON value) says nothing about where values are: the other drafters' text
-        if s is None or state is None or not s.constrained:
+        if s is None or state is None or not s.constrained or s.shadow is None:
             return Draft([])
         announce(limit, self)
         run = bytes(s.text[s.run_start:])
