@@ -10,6 +10,7 @@ The values are in the text, so copying them is the natural answer even for SmolL
 
     .venv/bin/python scripts/make_extraction_batch.py            # rewrites the file
     .venv/bin/python scripts/make_extraction_batch.py --check    # exit 1 if the file is stale
+    .venv/bin/python scripts/make_extraction_batch.py --no-example   # extraction_batch_no_example.jsonl
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "extraction_batch.jsonl"
+OUT_NO_EXAMPLE = OUT.with_name("extraction_batch_no_example.jsonl")
 MAX_TOKENS = 160
 SYSTEM = "You extract information from text. Answer with one JSON object and nothing else."
 
@@ -152,16 +154,17 @@ EXAMPLES = {
 }
 
 
-def lines() -> list[dict]:
-    """The 40 requests, kinds interleaved (contact-0, order-0, event-0, ..., bug-7)."""
+def lines(worked_example: bool = True) -> list[dict]:
+    """The 40 requests, kinds interleaved (contact-0, order-0, event-0, ..., bug-7); each with a
+    worked example of its kind before it (a user turn and the answer), or without."""
     out = []
     for i in range(8):
         for kind, schema in SCHEMAS.items():
             example, answer = EXAMPLES[kind]
+            shown = [{"role": "user", "content": f"{ASK[kind]}\n\n{example}"},
+                     {"role": "assistant", "content": json.dumps(answer)}] if worked_example else []
             body = {"model": "extract", "messages": [
-                {"role": "system", "content": SYSTEM},
-                {"role": "user", "content": f"{ASK[kind]}\n\n{example}"},
-                {"role": "assistant", "content": json.dumps(answer)},
+                {"role": "system", "content": SYSTEM}, *shown,
                 {"role": "user", "content": f"{ASK[kind]}\n\n{TEXTS[kind][i]}"}],
                 "response_format": {"type": "json_schema",
                                     "json_schema": {"name": kind, "schema": schema, "strict": True}},
@@ -170,16 +173,19 @@ def lines() -> list[dict]:
     return out
 
 
-def render() -> str:
-    return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines())
+def render(worked_example: bool = True) -> str:
+    return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines(worked_example))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="only check that the file is up to date")
-    ap.add_argument("-o", "--output", type=Path, default=OUT)
+    ap.add_argument("--no-example", action="store_true",
+                    help=f"the same requests without the worked example (default output: {OUT_NO_EXAMPLE.name})")
+    ap.add_argument("-o", "--output", type=Path)
     a = ap.parse_args()
-    text = render()
+    a.output = a.output or (OUT_NO_EXAMPLE if a.no_example else OUT)
+    text = render(not a.no_example)
     if a.check:
         same = a.output.is_file() and a.output.read_text() == text
         print(f"{a.output}: {'up to date' if same else 'stale: run scripts/make_extraction_batch.py'}")
