@@ -292,7 +292,8 @@ def test_tools_render_constrain_and_parse_through_generate(gen):
     (m,) = gen.generate_many([gen._request({"prompt": ask, "tool_choice": named, "id": "t", **one})])
     assert m.finish_reason == "tool_calls" and [c["function"] for c in m.tool_calls] == [c["function"] for c in r.tool_calls]
     # "none": the tools are described, the reply is text (and may take a schema)
-    r = gen.generate(ask, tools=[WEATHER], tool_choice="none", json_schema={"type": "object"}, max_tokens=16)
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}
+    r = gen.generate(ask, tools=[WEATHER], tool_choice="none", json_schema=city, max_tokens=32)
     assert r.tool_calls is None and r.content == r.text and isinstance(json.loads(r.text), dict)
     for kw, what in (({"json_schema": {}}, "json_schema cannot constrain a reply that may call tools"),
                      ({"grammar": 'root ::= "a"', "tool_choice": "auto"}, "grammar cannot constrain"),

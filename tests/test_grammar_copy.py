@@ -177,3 +177,11 @@ def test_the_default_chain_copies_values_and_equals_plain(smollm2_f16):
     # fewer target steps than plain decoding's one per token
     assert all(s.stats["steps"] < 0.7 * len(s.tokens) for s in spec), [s.stats["steps"] for s in spec]
     assert "grammar-copy" not in free.stats["per_drafter"]
+
+
+def test_schema_whitespace_is_llama_cpps(model):
+    # a blank, or line breaks and indentation, as llama.cpp's converter (llama-server) allows
+    spec = grammar_from_schema({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})
+    for text in ('{"a": "x"}', '{\n  "a": "x"\n}', '{"a":"x"}'):
+        state = GrammarState(model, spec)
+        assert state.accept_all(_toks(model, text)) == len(_toks(model, text)), text

@@ -126,14 +126,24 @@ def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
     except (ValueError, KeyError, TypeError, RecursionError, AssertionError) as e:   # (the converter asserts
         # on an unresolvable $ref, an unknown type, an unanchored pattern)
         raise GrammarError(f"{field}: the JSON schema cannot be converted to a grammar: {e}", field) from None
-    return GrammarSpec(_CHAR_RULE.sub(lambda m: JSON_CHAR, gbnf), field=field)
+    return GrammarSpec(_as_llama_cpp(gbnf), field=field)
 
 
-# llama-cpp-python's converter lets a JSON string hold raw control characters (its `char` is
-# [^"\\]): a newline copied from the prompt into a value made output json.loads refuses.
-# llama.cpp's own converter (json-schema-to-grammar.cpp) excludes them, as JSON does.
+# Two primitives where llama-cpp-python's converter differs from llama.cpp's own
+# (common/json-schema-to-grammar.cpp, what llama-server's json_schema uses), set as llama.cpp has
+# them: `char` excluded nothing (a newline copied from the prompt into a value made output
+# json.loads refuses); `space` allowed one blank only, where llama.cpp lets a model lay its JSON
+# out on lines, as a model asked for JSON without an example often does (and does under
+# llama-server's json_schema).
 JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
-_CHAR_RULE = re.compile(r"^char ::= .*$", re.M)
+JSON_SPACE = r'space ::= | " " | "\n"{1,2} [ \t]{0,20}'
+_RULES = ((re.compile(r"^char ::= .*$", re.M), JSON_CHAR), (re.compile(r"^space ::= .*$", re.M), JSON_SPACE))
+
+
+def _as_llama_cpp(gbnf: str) -> str:
+    for rule, text in _RULES:
+        gbnf = rule.sub(lambda m: text, gbnf)
+    return gbnf
 
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
