@@ -7,8 +7,9 @@ can be compared in seconds and without machine noise. The replay does what the e
 step: the chain proposes (the grammar drafter reads the live grammar state), the draft is cut at
 the first token the grammar refuses, the accepted part and the target's token enter the grammar
 state, and every member is told. A step's cost comes from a verify-cost curve t(n)/t(1) measured
-at the job's depth (--measure); drafting is counted as free. Modelled, not measured: confirm with
-scripts/bench_structured.py.
+at the job's depth (--measure); drafting is counted as free. The replay starts after the first
+token, so the opening draft (the forced text verified with the prompt) is not in it. Modelled, not
+measured: confirm with scripts/bench_structured.py.
 
     .venv/bin/python scripts/replay_structured.py --record MODEL -o /tmp/extract.json
     .venv/bin/python scripts/replay_structured.py --measure MODEL      # prints the curve

@@ -215,8 +215,8 @@ _BUILDERS: dict[str, Callable[..., Built]] = {
 def build_drafter(opts: SpecOptions, target: "Model", ctx: "Context", sampling: "SamplingParams") -> Built:
     """Drafter for opts.spec_types (put in priority order here); None for plain decoding.
     Every drafting set of types gets the chain joiners too (the grammar drafters: no-ops for a
-    sequence without a grammar), unless it holds joiners only. Unknown types and types llamaspec does not implement are usage
-    errors."""
+    sequence without a grammar), unless it holds joiners only. Unknown types and types llamaspec
+    does not implement are usage errors."""
     built: list[Built] = []
     types = parse_spec_types(opts.spec_types)
     # drafting at all: the grammar drafters join (they draft only under a grammar); a set of

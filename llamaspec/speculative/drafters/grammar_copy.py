@@ -111,7 +111,11 @@ class _Seq:
 
 
 class GrammarCopyDrafter(Drafter):
-    """Copies prompt text into a grammar's free text, closed by its forced text (module docstring)."""
+    """Copies prompt text into a grammar's free text, closed by its forced text (module docstring).
+
+    hold: where the empty draft holds the chain's copying members (`Draft.hold`): "start" (a
+    value's first bytes, the default), "always" (also where no source is found) or "never";
+    scripts/replay_structured.py compares them (--set hold=...)."""
 
     name = "grammar-copy"
     sizes_by_match = True
