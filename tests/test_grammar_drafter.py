@@ -210,14 +210,14 @@ ASKS = ["Extract the contact details (name, email, phone, company) as JSON.\n\nB
 
 
 @pytest.mark.slow
-def test_greedy_output_under_a_schema_equals_plain_and_the_grammar_drafter_is_credited(smollm2_f16):
+def test_greedy_output_under_a_schema_equals_plain_and_the_grammar_drafters_are_credited(smollm2_f16):
     from llamaspec import Generator
 
     kw = dict(temperature=0, threads=1, max_tokens=96)
     with Generator(smollm2_f16, spec_type="none", **kw) as g:
         plain = [g.generate(a, json_schema=CONTACT) for a in ASKS]
-    with Generator(smollm2_f16, **kw) as g:   # the default chain: the grammar drafter joins it
-        assert [m.name for m in g.pipeline.drafter.members()][0] == "grammar"
+    with Generator(smollm2_f16, **kw) as g:   # the default chain, as run builds it: the grammar drafters join it
+        assert [m.name for m in g.pipeline.drafter.members()][:2] == ["grammar", "grammar-copy"]
         spec = [g.generate(a, json_schema=CONTACT) for a in ASKS]
         free = g.generate(ASKS[0])            # no grammar: the grammar drafter is never asked
     for p, s in zip(plain, spec):
@@ -227,7 +227,12 @@ def test_greedy_output_under_a_schema_equals_plain_and_the_grammar_drafter_is_cr
     # forced text is near certain: the target takes nearly all of it (the misses: a tail token the
     # model merged with the free text after it)
     assert sum(c["accepted"] for c in credit) >= 0.8 * sum(c["drafted"] for c in credit), credit
-    assert "grammar" not in free.stats["per_drafter"]
+    assert "grammar" not in free.stats["per_drafter"] and "grammar-copy" not in free.stats["per_drafter"]
+    # grammar-copy copies the values from the prompt (drafters/grammar_copy.py, test_grammar_copy.py)
+    copied = [s.stats["per_drafter"].get("grammar-copy", {}) for s in spec]
+    assert all(c.get("accepted", 0) >= 4 for c in copied), [s.stats["per_drafter"] for s in spec]
+    # fewer target steps than plain decoding's one per token
+    assert all(s.stats["steps"] < 0.7 * len(s.tokens) for s in spec), [s.stats["steps"] for s in spec]
     with Generator(smollm2_f16, spec_type="grammar", **kw) as g:   # alone, for testing
         alone = g.generate(ASKS[0], json_schema=CONTACT)
     assert alone.tokens == plain[0].tokens and alone.stats["per_drafter"]["grammar"]["accepted"] > 0

@@ -115,16 +115,11 @@ class SequenceRun:
         rest = self.history[self.n_past:]
         n_out = ctx.decode(rest + draft.tokens, self.n_past, self.seq_id, outputs=len(draft) + 1)
         rows = ctx.logits(n_out)
+        self._generation_begins()   # (the drafter's begin after the prompt's decode)
         eng = self.engine
-        eng.drafter.begin(self.seq_id, self.history, self.draft_rng)   # (after the prompt's decode)
-        self._began = True
         author = next((m for m in eng.drafter.members() if m.name == draft.source), None)
         if author is not None:   # a chain credits its member as the step's winner
             eng.drafter.drafted_by(self.seq_id, author)
-        self.prefilling = False
-        self._t_gen = time.perf_counter()
-        self.stats.prompt_seconds = self._t_gen - self._t0
-        self._clock0 = DecodeClock.seconds
         self.n_past = len(self.history) - 1   # the KV holds the prompt and the draft: settle cuts it
         self._draft, self._draft_s, self._state = draft, 0.0, None
         self.settle(rows, 0.0, timed=False)
@@ -170,17 +165,11 @@ class SequenceRun:
         if row is None:
             return
         eng, ctx, prompt = self.engine, self.engine.ctx, self.history
-        self.prefilling = False
         if self.rules is None:
             first = eng._sample_plain(self._allowed(row), prompt, self.params, self.verify_rng)
         else:
             first = self.rules.first(eng, self._allowed(row), prompt, self.params, self.verify_rng)
-        if eng.drafter is not None and not self._began:
-            eng.drafter.begin(self.seq_id, prompt, self.draft_rng)
-            self._began = True
-        self._t_gen = time.perf_counter()
-        self.stats.prompt_seconds = self._t_gen - self._t0
-        self._clock0 = DecodeClock.seconds
+        self._generation_begins()
         self.n_past = len(prompt)  # tokens in the target KV; history[-1] is not among them
         self.done = self.config.max_tokens <= 0 or self.out.emit([first], 0, "")
         if self.rules is not None:
@@ -190,6 +179,16 @@ class SequenceRun:
             eng.drafter.accepted(self.seq_id, 0, [first], is_other=True)
         if not self.done and self.n_past + 1 > ctx.n_ctx_seq:
             self.stop("context")
+
+    def _generation_begins(self) -> None:
+        """The prompt is evaluated: the drafter begins the sequence, and generation time starts."""
+        self.prefilling = False
+        if self.engine.drafter is not None:
+            self.engine.drafter.begin(self.seq_id, self.history, self.draft_rng)
+            self._began = True
+        self._t_gen = time.perf_counter()
+        self.stats.prompt_seconds = self._t_gen - self._t0
+        self._clock0 = DecodeClock.seconds
 
     def stop(self, reason: str) -> None:
         self.out.stop_reason = reason

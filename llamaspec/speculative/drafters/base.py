@@ -169,9 +169,9 @@ class Drafter(ABC):
 
     def opening(self, seq_id: int, prompt: Sequence[int], n_max: int) -> Draft:
         """A draft of the reply's first tokens, before the target has chosen any and before `begin`
-        (no state of this sequence yet): the engine verifies it in the prompt's own batch. Only a drafter that knows the reply's
-        start without the model does (the grammar drafter: the text a grammar forces first);
-        the others give no draft."""
+        (no state of this sequence yet): the engine verifies it in the prompt's own batch. Only a
+        drafter that knows the reply's start without the model does (the grammar drafter: the text
+        a grammar forces first); the others give no draft."""
         return Draft([])
 
     def accepted(self, seq_id: int, n_accepted: int, new_tokens: Sequence[int],

@@ -37,8 +37,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 import numpy as np
 
 from llamaspec.speculative.drafters.base import Draft, Drafter, announce
-from llamaspec.speculative.drafters.grammar_jump import Layout, _vocab, forced_text, spell
-from llamaspec.runtime.grammar import GrammarError
+from llamaspec.speculative.drafters.grammar_jump import _WS, Layout, _vocab, forced_text, spell
 
 if TYPE_CHECKING:
     from llamaspec.runtime.grammar import GrammarState
@@ -147,12 +146,9 @@ class GrammarCopyDrafter(Drafter):
             for b in self.target.piece(int(t)):
                 if s.shadow is not None:
                     forced = self._forced(s.shadow, vocab, b)
-                    tok = vocab.tok_of.get(b)
                     try:
-                        if tok is None:
-                            raise GrammarError("no single-byte token")
-                        s.shadow.accept(tok)
-                    except (GrammarError, ValueError):   # no token for the byte, or a grammar that
+                        s.shadow.accept(vocab.tok_of[b])
+                    except (KeyError, ValueError):   # no token for the byte, or a grammar that
                         # spells a special token ([TOOL_CALLS]) bytes cannot: forced bytes are no
                         # longer known, so this sequence is left to the other drafters
                         s.shadow.close()
@@ -193,19 +189,21 @@ class GrammarCopyDrafter(Drafter):
         state = self._grammars.get(seq_id)
         # a grammar that has forced nothing yet (a lazy tool-call grammar before its trigger, any
         # JSON value) says nothing about where values are: the other drafters' text
-        if s is None or state is None or not s.constrained or s.shadow is None:
+        # (a lost shadow leaves `constrained` False for good)
+        if s is None or state is None or not s.constrained:
             return Draft([])
         announce(limit, self)
-        run = bytes(s.text[s.run_start:])
+        text = bytes(s.text)
+        run = text[s.run_start:]
         if len(run) < self.min_match:   # a value's first bytes: nothing the model chose yet to go by
             return Draft([], hold=self.hold != "never")
-        at, n = longest_source(bytes(s.text), len(s.text) - 1, run, self.min_match)
+        at, n = longest_source(text, len(text) - 1, run, self.min_match)
         if at < 0:
             return Draft([], hold=self.hold == "always")
         k = limit(self, n)
         if k <= 0:
             return Draft([], hold=self.hold == "always")
-        tokens = self._draft(state, s, bytes(s.text[at:at + self.max_copy]))
+        tokens = self._draft(state, s, text[at:at + self.max_copy])
         return Draft(tokens[:k], source=self.name, match=n) if tokens else Draft([])
 
     def _draft(self, state: "GrammarState", s: _Seq, source: bytes) -> list[int]:
@@ -218,12 +216,7 @@ class GrammarCopyDrafter(Drafter):
             return []
         g = state.clone()
         try:
-            n = 0
-            for t in toks:
-                if not g.allows(t):
-                    break
-                g.accept(t)
-                n += 1
+            n = g.accept_all(toks)
             if n == len(toks) and end == len(source):   # copied as far as we look: its last token may be cut
                 return toks[:-1] if len(source) >= self.max_copy else toks
             copied = b"".join(target.piece(t) for t in toks[:n])
@@ -243,7 +236,7 @@ class GrammarCopyDrafter(Drafter):
         best = (None, b"", None, [])
         for t in g.allowed_ids(vocab.candidates):
             b = vocab.byte_of.get(t)
-            if b is None or chr(b).isalnum() or b in b" \t\n\r":
+            if b is None or chr(b).isalnum() or b in _WS:
                 continue
             h = g.clone()
             try:
