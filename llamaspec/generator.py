@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple,
 from llamaspec.errors import ContextFullError, GenerationInterrupted, LlamaspecError, UsageError  # noqa: F401 (API)
 from llamaspec.openai_api import OpenAIMethods
 from llamaspec.request import REQUEST_FIELDS, Prompt, Request, Result, finish_reason  # noqa: F401 (API)
+from llamaspec.tune.draft_costs import record_run
 
 if TYPE_CHECKING:
     from llamaspec.generation_options import GenerationOptions
@@ -38,9 +39,8 @@ class Prepared(NamedTuple):
 
 
 class PromptTooLong(UsageError, ContextFullError):
-    """A prompt longer than the context: the one-line error `llamaspec run` prints (a UsageError;
-    a ContextFullError too, for scripts that caught the engine's). Exit code 1 as run's: the input,
-    not a flag, is wrong."""
+    """A prompt longer than the context: `run`'s one-line error (a UsageError; a ContextFullError
+    too, for scripts that caught the engine's). Exit code 1 as run's: the input is wrong."""
 
     exit_code = ContextFullError.exit_code
 
@@ -117,7 +117,8 @@ class Generator(OpenAIMethods):
 
         self.generation_options = o
         self.resolved = resolve(None if model is None else str(model), None if o.draft is None else str(o.draft),
-                                o.spec_type, offline=o.offline, force_draft=o.force_draft, search=o.search)
+                                o.spec_type, offline=o.offline, force_draft=o.force_draft, search=o.search,
+                                n_gpu_layers=o.n_gpu_layers)
         r = self.resolved
         # a load-dependent line is detail (run -v, doctor), not a note: output must not follow load
         self.thread_wait = waits
@@ -137,7 +138,6 @@ class Generator(OpenAIMethods):
                                                                            t.draft_p_min, t.ngram, t.info)
                 if not t.uses_draft:
                     r.draft_path = r.draft_ref = None
-        # -- end of the tuned configuration
         self.sampling = o.sampling
         self.options = SpecOptions(spec_types=r.spec_types, draft_path=r.draft_path, draft_max=draft_max,
                                    draft_min=o.draft_min, draft_p_min=draft_p_min, adaptive=o.adaptive,
@@ -399,6 +399,8 @@ class Generator(OpenAIMethods):
         """Free the contexts and models (idempotent): now, or when the generation that holds them
         ends (an open stream, another thread's call); from now on every use raises UsageError."""
         owner = getattr(self, "_owner", None)
+        if owner is not None and not owner.closed and getattr(self, "pipeline", None) is not None:
+            record_run(self)   # what the draft model cost here, for the next run's choice
         if owner is not None:
             owner.close()
         elif getattr(self, "pipeline", None) is not None:   # (a load that failed half way)

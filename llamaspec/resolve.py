@@ -41,7 +41,7 @@ def default_target() -> str:
 
 
 def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offline: bool = False,
-            force_draft: bool = False, search: Sequence[Path] = ()) -> Resolved:
+            force_draft: bool = False, search: Sequence[Path] = (), n_gpu_layers: int | None = None) -> Resolved:
     from llamaspec import hub
 
     types = parse_spec_types(spec_type)   # flags first: no download before a usage error
@@ -51,9 +51,9 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
 
     if draft is None and spec_type is None:
         # Speculation by default: what `--draft auto` finds without downloading anything.
-        _auto(r, search, offline, local_only=True)
+        _auto(r, search, offline, local_only=True, n_gpu_layers=n_gpu_layers)
     elif draft is not None and draft.lower() == "auto":
-        _auto(r, search, offline)
+        _auto(r, search, offline, n_gpu_layers=n_gpu_layers)
     elif draft is not None and draft.lower() != "none":
         if draft.isdigit() and not Path(draft).exists():
             # llama.cpp's old `--draft N` was a draft length; people still type it.
@@ -78,14 +78,19 @@ def resolve(model: str | None, draft: str | None, spec_type: str | None, *, offl
     return r
 
 
-def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool = False) -> None:
+def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool = False,
+          n_gpu_layers: int | None = None) -> None:
     """`--draft auto`; local_only (no --draft and no --spec-type given): never download, and say
-    in one note which registry draft a pull would add."""
+    in one note which registry draft a pull would add. A draft model on disk is taken only when
+    it is expected to pay here (pairing/draft_value.py, fed what a run measured for the pair)."""
     from llamaspec.pairing.autodraft import (ACROSS_REQUESTS, REGISTRY_UNAVAILABLE, TEXT_FALLBACK, choose_draft,
                                              text_fallback)
+    from llamaspec.tune.draft_costs import measured
 
     choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline, dry_run=local_only,
-                          pays=lambda draft: _measured_to_pay(r.target_path, draft))
+                          pays=lambda draft: _measured_to_pay(r.target_path, draft),
+                          draft_costs=lambda draft: measured(r.target_path, draft, n_gpu_layers),
+                          gpu=decodes_on_gpu(n_gpu_layers))
     if choice.would_download:
         pull = (f"llamaspec pull {r.target_ref} --draft auto" if _is_hub_ref(r.target_ref)
                 else f"llamaspec pull {choice.label}")
@@ -114,6 +119,10 @@ def short_choice(choice, target_path: Path) -> str:
     """What `--draft auto` chose, in a few words (its reason, the long form, is for -v)."""
     from llamaspec.pairing.autodraft import TEXT_FALLBACK
 
+    if choice.kind == TEXT_FALLBACK and choice.refused is not None:
+        return (f"{TEXT_FALLBACK} drafting from the text itself ({Path(choice.refused).name} found but not "
+                f"expected to pay here: {choice.value.speedup:.2f}x plain; `--draft {choice.refused}` forces it, "
+                f"-v says why)")
     if choice.kind == TEXT_FALLBACK:
         return f"{TEXT_FALLBACK} drafting from the text itself (no draft model found; -v says where it looked)"
     if choice.path is None:
@@ -122,6 +131,19 @@ def short_choice(choice, target_path: Path) -> str:
     if choice.source == "disk" and Path(choice.path).absolute().parent == Path(target_path).absolute().parent:
         where = " beside the target"
     return f"{choice.kind} with {Path(choice.path).name}{where}"
+
+
+def decodes_on_gpu(n_gpu_layers: int | None) -> bool:
+    """Will the target decode on a GPU (the draft decision's device kind): a GPU build and
+    layers not kept on the CPU by -ngl 0."""
+    if n_gpu_layers == 0:
+        return False
+    try:
+        from llamaspec.runtime.devices import gpu_offload_supported
+
+        return gpu_offload_supported()
+    except (ImportError, OSError):
+        return False
 
 
 def _measured_to_pay(target: Path, draft: str) -> bool:

@@ -11,7 +11,10 @@ Order (first that applies wins; each choice is named by llama.cpp's spec type):
   2. draft-simple  a compatible GGUF already on disk, clearly smaller than the target: same
                    architecture family first, very-low-bit quants last, then the smallest file
                    (discovery.places: the target's folder, $LLAMASPEC_MODELS_PATH, --search, the
-                   Hugging Face cache, LM Studio, Ollama);
+                   Hugging Face cache, LM Studio, Ollama), and only when it is expected to pay on
+                   this machine (draft_value.py: its measured costs, stored per pair by a run that
+                   used it, else the cold estimate from file sizes); a draft that does not pay is
+                   named in `considered` with why, and the chain goes on to step 4;
   3. draft-simple  the registry's recommended draft for the target's family, checked on its Hub
                    header and downloaded through hub.resolve_model (never when offline); an entry
                    with a `kind` (a registry EAGLE-3 draft) is chosen as that kind; pairs marked
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -35,7 +38,7 @@ from llamaspec.gguf.drafts import kind_of_arch
 from llamaspec.gguf.header import GGUFHeader, read_file
 from llamaspec.gguf.peek import peek
 from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
-from llamaspec.pairing import compat, discovery
+from llamaspec.pairing import compat, discovery, draft_value
 from llamaspec.pairing.compat import Verdict
 
 # A draft costing more than this fraction of the target per token rarely pays off (file size is
@@ -62,12 +65,16 @@ class DraftChoice:
     considered: tuple[str, ...] = ()  # what each earlier step found, for -v and `pair`
     would_download: bool = False     # dry run: the registry draft that would be downloaded (path None)
     searched: tuple[str, ...] = ()   # the places looked in for a draft on disk (Root.describe)
+    value: draft_value.DraftValue | None = None   # draft-simple from disk: expected to pay? (taken or refused)
+    refused: Path | None = None      # a draft on disk that was found but is not expected to pay here
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "path": str(self.path) if self.path else None, "label": self.label,
                 "source": self.source, "reason": self.reason, "would_download": self.would_download,
                 "considered": list(self.considered), "searched": list(self.searched),
-                "verdict": self.verdict.to_dict() if self.verdict else None}
+                "verdict": self.verdict.to_dict() if self.verdict else None,
+                "value": self.value.to_dict() if self.value else None,
+                "refused": str(self.refused) if self.refused else None}
 
 
 # ---- step 1: MTP -------------------------------------------------------------------------------
@@ -323,10 +330,13 @@ def searched_places(roots: Sequence[discovery.Root], cut: Sequence[discovery.Roo
 def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Candidate] | None = None,
                       search_dirs: Iterable[str | os.PathLike[str]] = (), default_dirs: bool = True,
                       offline: bool = False, allow_download: bool = True, dry_run: bool = False,
-                      mtp_sidecars: bool = False, pays=None, searched: Sequence[str] = ()) -> DraftChoice:
+                      mtp_sidecars: bool = False, pays=None, searched: Sequence[str] = (),
+                      draft_costs=None, gpu: bool = False) -> DraftChoice:
     """`choose_draft` for an already-read target header (and optionally an already-done disk scan,
     with `searched`, the places it looked in). pays(path): does a measurement say that translated
-    draft beats plain decoding (step 3b)?"""
+    draft beats plain decoding (step 3b)? draft_costs(path) -> DraftCosts | None: what a draft
+    measured beside this target here (tune/draft_costs.py); gpu: the target decodes on a GPU
+    (the cold estimate's device kind)."""
     notes: list[str] = []
     choice = mtp_choice(header, sidecars=mtp_sidecars, notes=notes)
     if choice is not None:
@@ -347,8 +357,14 @@ def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Cand
                            considered=tuple(notes), searched=searched_t)
     best, why = pick_disk_draft(header, candidates)
     if best is not None:
-        return DraftChoice("draft-simple", best.path, why, best.verdict, source="disk", label=best.label,
-                           considered=tuple(notes), searched=searched_t)
+        dv = draft_value.for_draft(header.file_size or 0, best.path, best.size, draft_costs, gpu=gpu)
+        if dv.pays:
+            return DraftChoice("draft-simple", best.path, f"{why}; {dv.why()}", best.verdict, source="disk",
+                               label=best.label, considered=tuple(notes), searched=searched_t, value=dv)
+        # A draft that cannot pay here is not loaded; the registry's drafts of this family are
+        # the same kind of file, so the chain goes on to drafting from the text.
+        notes.append(f"draft {best.label} found ({why}) but not used: {dv.why()}; --draft {best.path} forces it")
+        return replace(text_fallback(tuple(notes), searched_t), value=dv, refused=Path(best.path))
     notes.append(why)
     choice = registry_choice(header, vocab, offline=offline, allow_download=allow_download, dry_run=dry_run,
                              notes=notes)
@@ -384,7 +400,7 @@ def text_fallback(notes: Sequence[str], searched: Sequence[str] = ()) -> DraftCh
 
 def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str]] = (), offline: bool = False,
                  allow_download: bool = True, default_dirs: bool = True, dry_run: bool = False,
-                 mtp_sidecars: bool = False, pays=None) -> DraftChoice:
+                 mtp_sidecars: bool = False, pays=None, draft_costs=None, gpu: bool = False) -> DraftChoice:
     """Resolve `--draft auto` for `target_ref` (a path or Hub ref); headers only, no weights loaded.
 
     offline forbids any network use; allow_download=False allows Hub header reads but no download;
@@ -395,4 +411,5 @@ def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str
 
     header = hub.read_model_header(target_ref, offline=offline)
     return choose_for_header(header, search_dirs=search_dirs, default_dirs=default_dirs, offline=offline,
-                             allow_download=allow_download, dry_run=dry_run, mtp_sidecars=mtp_sidecars, pays=pays)
+                             allow_download=allow_download, dry_run=dry_run, mtp_sidecars=mtp_sidecars, pays=pays,
+                             draft_costs=draft_costs, gpu=gpu)

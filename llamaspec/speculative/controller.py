@@ -134,6 +134,8 @@ class DraftLengthController:
         self._grace = 0
         self.n_pauses = 0
         self._batches_timed = 0   # verify batches whose time reached the cost model
+        # undecayed totals of the whole run (what tune/draft_costs.py stores per pair)
+        self.n_drafts = self.n_accepted = self.n_rejected = 0
 
     # -- estimates ----------------------------------------------------------------------------
 
@@ -221,6 +223,9 @@ class DraftLengthController:
             self.cost.observe_draft(n_drafted, draft_seconds)
         if n_drafted <= 0:
             return
+        self.n_drafts += 1
+        self.n_accepted += n_accepted
+        self.n_rejected += n_accepted < n_drafted
         g = self.decay
         self._pool_num *= g
         self._pool_den *= g
@@ -255,6 +260,12 @@ class DraftLengthController:
         if len(self._recent) == self.window and self._grace == 0:
             if self.window_alpha() < self.off_acceptance:
                 self._start_pause()
+
+    @property
+    def run_alpha(self) -> float:
+        """Per-token acceptance over the whole run (censored geometric: accepted / (accepted +
+        rejections)); 0 before any draft."""
+        return self.n_accepted / max(1, self.n_accepted + self.n_rejected)
 
     def window_alpha(self) -> float:
         """Per-token acceptance over the last `window` drafted steps: accepted / (accepted +
