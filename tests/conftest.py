@@ -58,6 +58,22 @@ def _own_tune_store(tmp_path_factory, monkeypatch):
         monkeypatch.setenv("LLAMASPEC_CONFIG_DIR", str(tmp_path_factory.mktemp("config")))
 
 
+@pytest.fixture
+def draft_pays():
+    """draft_pays(target, draft): store a measurement saying this draft pays beside this target
+    here (a GPU-like cost: 0.05 of a step, flat verify curve, 90 % accepted), as a run that used
+    it would (tune/draft_costs.py), so the default takes it. Tests of the wiring of draft models
+    use it: on a CPU a tiny draft of a tiny target costs about a target step and is never taken
+    by itself (pairing/draft_value.py)."""
+    from llamaspec.pairing.draft_value import DraftCosts, linear_curve
+    from llamaspec.tune import draft_costs
+
+    def put(target, draft) -> None:
+        draft_costs.record(target, draft, DraftCosts(0.05, linear_curve(0.02), 0.9, "measured"), drafts=100)
+
+    return put
+
+
 # ---- models ------------------------------------------------------------------------------------
 
 

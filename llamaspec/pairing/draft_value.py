@@ -37,8 +37,11 @@ __all__ = ["DraftCosts", "DraftValue", "cold_costs", "expected_speedup", "for_dr
 #: a draft joins only when its expected speedup is at least this (the margin for what the model
 #: leaves out: the draft's prompt evaluation, its sampling and the Python around both)
 MIN_GAIN = 1.1
-#: the draft lengths weighed (llama.cpp's draft-simple uses n-max 16 at most in practice)
-K_MAX = 16
+#: the draft lengths weighed: the engine's draft-max for a draft model (README: "up to 8")
+K_MAX = 8
+#: acceptance is capped here in the decision: a run's "100 %" over a few drafts says little, and
+#: at a = 1 the longest draft always looks best
+MAX_ACCEPTANCE = 0.95
 #: a decode's fixed cost (graph, synchronisation, sampling, Python) as bytes of weights read:
 #: SmolLM2-135M F16 (270 MB) 27.1 ms and its Q4_1 (98 MB) 16.3 ms on one 2-core CPU, 8.3 ms and
 #: ~4.9 ms with the 1.5B Q4_K_M (1.1 GB) at 25 ms on another: both fit t = bytes / BW + F with
@@ -120,7 +123,7 @@ def expected_speedup(cost_ratio: float, verify: Sequence[float] | DraftCosts, al
 
 
 def value(costs: DraftCosts, k_max: int = K_MAX) -> DraftValue:
-    speedup, k = expected_speedup(costs.cost_ratio, costs, costs.acceptance, k_max)
+    speedup, k = expected_speedup(costs.cost_ratio, costs, min(costs.acceptance, MAX_ACCEPTANCE), k_max)
     return DraftValue(speedup >= MIN_GAIN, speedup, k, costs)
 
 
