@@ -80,11 +80,13 @@ class RepResult:
     steps: int = 0
     mean_accepted_length: float | None = None
     overhead_ms: float | None = None    # Python time per step outside llama_decode
-    tokens: list[int] | None = None     # None for native runs (not checked)
+    tokens: list[int] | None = None     # None for native runs (their text is checked as pieces: native.py)
     native: bool = False
+    n_decoded: int | None = None        # native: every token it decoded (past -n too); `n` counts the first -n
+    top2_gap: float | None = None       # native, text differs: the target's top-2 logit gap there, on our side
     ratio: float | None = None
     e2e_ratio: float | None = None
-    identical: bool | None = None       # None: plain itself, or a native run
+    identical: bool | None = None       # None: plain itself, or a native run whose text was not checked
     first_difference: int | None = None
     spec: str = ""                      # canonical spec types ("none" for plain)
     draft: str | None = None            # the draft model's file name
@@ -134,7 +136,7 @@ class ModeSummary:
     mean_accepted_length: float | None
     drafted: int                        # median over reps
     accepted: int                       # median over reps
-    identical_to_plain: bool | None     # None: plain itself or native (not checked)
+    identical_to_plain: bool | None     # None: plain itself, or a native row whose text was not checked
     first_difference: int | None        # first differing token index, in the first rep that differed
     differing_reps: int
     overhead_ms_per_step: float | None
@@ -147,6 +149,9 @@ class ModeSummary:
     accepted_per_position: list[int] = field(default_factory=list)
     bound: float | None = None          # the prompt's copy-drafting bound on this machine (bound.py)
     of_bound: float | None = None       # ratio_vs_plain / bound (None for plain)
+    n_decoded: int | None = None        # native: the most tokens a rep decoded (it runs past -n)
+    top2_gap: float | None = None       # native, text differs: our target's top-2 gap where (first rep)
+    measured_ratio: float | None = None  # native, text differs: the ratio it would have had (another text)
 
     @property
     def per_position_acceptance(self) -> list[float]:
@@ -181,6 +186,9 @@ class ModeSummary:
             "accepted_per_position": self.accepted_per_position,
             "bound": self.bound,
             "of_bound": self.of_bound,
+            "n_decoded": self.n_decoded,
+            "top2_gap": self.top2_gap,
+            "measured_ratio_other_text": self.measured_ratio,
         }
 
 
@@ -246,19 +254,22 @@ def summarise(runs: dict[str, list[RepResult]]) -> list[ModeSummary]:
         checked = [r for r in rs if r.identical is not None]
         differing = [r for r in checked if not r.identical]
         ours_spec = mode != PLAIN and not is_native
+        # a native row whose greedy text differs from ours decoded another text: never a speedup
+        other_text = is_native and bool(differing)
+        ratio = _median([r.ratio for r in rs])
         out.append(ModeSummary(
             mode=mode,
             native=is_native,
             reps=len(rs),
             tok_s=statistics.median(r.tps for r in rs),
-            ratio_vs_plain=_median([r.ratio for r in rs]),
-            ratios=[round(r.ratio, 3) if r.ratio is not None else None for r in rs],
-            e2e_ratio_vs_plain=_median([r.e2e_ratio for r in rs]),
+            ratio_vs_plain=None if other_text else ratio,
+            ratios=[round(r.ratio, 3) if r.ratio is not None and not other_text else None for r in rs],
+            e2e_ratio_vs_plain=None if other_text else _median([r.e2e_ratio for r in rs]),
             acceptance=None if any(r.acceptance is None for r in rs) else statistics.median(r.acceptance for r in rs),
             mean_accepted_length=_median([r.mean_accepted_length for r in rs]),
             drafted=int(statistics.median(r.drafted for r in rs)),
             accepted=int(statistics.median(r.accepted for r in rs)),
-            identical_to_plain=(not differing) if ours_spec and checked else None,
+            identical_to_plain=(not differing) if (ours_spec or is_native) and checked else None,
             first_difference=differing[0].first_difference if differing else None,
             differing_reps=len(differing),
             overhead_ms_per_step=_median([r.overhead_ms for r in rs]),
@@ -269,6 +280,9 @@ def summarise(runs: dict[str, list[RepResult]]) -> list[ModeSummary]:
             theory=bench_theory.median_theory([r.theory for r in rs]),
             drafted_per_position=_sum_lists(r.drafted_per_position for r in rs),
             accepted_per_position=_sum_lists(r.accepted_per_position for r in rs),
+            n_decoded=max((r.n_decoded for r in rs if r.n_decoded is not None), default=None),
+            top2_gap=differing[0].top2_gap if differing else None,
+            measured_ratio=ratio if other_text else None,
         ))
     return out
 

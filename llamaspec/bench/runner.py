@@ -7,9 +7,11 @@ speculative run is checked token for token against plain decoding of the same re
 difference is reported, never hidden.
 
 Optionally, llama.cpp's own `llama-speculative-simple` (built from the same source; `native`)
-runs in the same repetition loop on the same formatted prompt, so its numbers sit beside ours.
+runs in the same repetition loop on exactly our prompt tokens, so its numbers sit beside ours.
 Its ratios are over *llamaspec's* plain decoding of the same repetition (the same llama.cpp
-kernels through llama-cpp-python), and its tokens are not checked.
+kernels through llama-cpp-python), over its first -n tokens, and its greedy text is compared
+with that plain decoding's: a native row whose text differs is flagged with the target's top-2
+logit gap there and given no ratio (native.py says how).
 
 Used by `llamaspec bench` (cli/bench.py, through bench/suite.py for several targets, drafts
 and prompts) and `scripts/bench_engine.py`. The data lives in results.py, the theoretical
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from llamaspec.bench.native import (
-    NATIVE_EXE, NativeRunError, native_command, native_exe, native_type, run_native,
+    NATIVE_EXE, NativeRunError, native_command, native_exe, native_prompt, native_type, pieces, run_native, top2_gap,
 )
 from llamaspec.bench.prompts import (
     PROMPT_PRESETS, format_prompt, load_prompt, preset_text,
@@ -106,13 +108,23 @@ def run_bench(target: "Model", prompt: Sequence[int], modes: "Sequence[str | Con
     runs: dict[str, list[RepResult]] = {PLAIN: []}
     notes: list[str] = []
     prompt_file: Path | None = None
+    prompt_pieces: list[str] = []
+    gaps: dict[int, float | None] = {}
     if native is not None:
         if formatted_prompt is None:
             raise ValueError("native runs need formatted_prompt (the text llama.cpp tokenizes)")
-        fd, name = tempfile.mkstemp(prefix="llamaspec-bench-", suffix=".txt")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(formatted_prompt)
-        prompt_file = Path(name)
+        try:
+            text = native_prompt(target, formatted_prompt, prompt)   # exactly our tokens, or no native row
+        except NativeRunError as e:
+            notes.append(f"{NATIVE_PREFIX}rows: {e}")
+            native = None
+        else:
+            # bytes as they are, read with -bf: the trailing newline of "<|im_start|>assistant\n" stays
+            fd, name = tempfile.mkstemp(prefix="llamaspec-bench-", suffix=".txt")
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8"))
+            prompt_file = Path(name)
+            prompt_pieces = pieces(target, prompt)
     try:
         for rep in range(1, reps + 1):
             plain = run_mode(target, "none", prompt, settings, label=PLAIN)
@@ -127,16 +139,21 @@ def run_bench(target: "Model", prompt: Sequence[int], modes: "Sequence[str | Con
                 if on_run:
                     on_run(rep, r)
             if native is not None and prompt_file is not None:
+                plain_pieces = pieces(target, plain.tokens or [])
                 for c in configs:
                     cs = replace(settings, draft_path=c.draft_path, **dict(c.overrides))
                     try:
-                        nr = run_native(native, target.path, c.spec, prompt_file, cs).compare_to(plain)
+                        nr = run_native(native, target.path, c.spec, prompt_file, cs, prompt_pieces,
+                                        plain_pieces).compare_to(plain)
                     except NativeRunError as e:
                         msg = f"{NATIVE_PREFIX}{c.label}: {e}"
                         if msg not in notes:
                             notes.append(msg)
                         continue
                     nr.mode, nr.spec, nr.draft = NATIVE_PREFIX + c.label, c.spec, c.draft
+                    if nr.identical is False and nr.first_difference is not None:
+                        nr.top2_gap = _gap(gaps, target, prompt, plain.tokens or [], nr.first_difference,
+                                           settings.threads)
                     runs.setdefault(nr.mode, []).append(nr)
                     if on_run:
                         on_run(rep, nr)
@@ -145,3 +162,11 @@ def run_bench(target: "Model", prompt: Sequence[int], modes: "Sequence[str | Con
             prompt_file.unlink(missing_ok=True)
     return BenchResult(prompt_tokens=len(prompt), reps=reps, settings=settings, runs=runs,
                        summaries=summarise(runs), notes=notes)
+
+
+def _gap(cache: dict[int, float | None], target: "Model", prompt: Sequence[int], plain: Sequence[int], i: int,
+         threads: int | None) -> float | None:
+    """The target's top-2 gap where a native text leaves plain decoding's (token i), once per i."""
+    if i not in cache:
+        cache[i] = top2_gap(target, prompt, plain[:i], threads) if i <= len(plain) else None
+    return cache[i]

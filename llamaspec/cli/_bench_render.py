@@ -22,11 +22,35 @@ def differ_note(s: "ModeSummary") -> str:
             f"(first at token {s.first_difference}); see docs/speculative-types.md on near-tie flips")
 
 
+def native_differs(m: Any) -> str:
+    """`differs from ours at token i (top-2 gap g)`: where a native row's greedy text left ours."""
+    gap = getattr(m, "top2_gap", None)
+    return (f"differs from ours at token {m.first_difference}" + (f" (top-2 gap {gap:.3g})" if gap is not None else ""))
+
+
+def native_notes(m: "ModeSummary", n: int) -> list[str]:
+    """A native row: another text (no ratio), an unchecked text, tokens decoded past -n."""
+    notes = []
+    if m.identical_to_plain is False:
+        notes.append(f"{m.mode}: its greedy text {native_differs(m)} in {m.differing_reps} of {m.reps} rep(s): "
+                     "another text, so no ratio is given (its tok/s measures that other text)")
+    elif m.identical_to_plain is None:
+        notes.append(f"{m.mode}: its text was not checked (its log has no per-token lines); "
+                     "its tok/s counts every token it decoded")
+    if m.n_decoded is not None and m.n_decoded > n:
+        counted = "the first" if m.identical_to_plain is not None else "all"
+        notes.append(f"{m.mode}: decoded up to {m.n_decoded} tokens for -n {n}; {counted} {n if counted == 'the first' else m.n_decoded} are counted")
+    return notes
+
+
 def mode_notes(result: "BenchResult") -> list[str]:
     """What a reader must know to read the ratios right: differences, and modes that never drafted."""
     notes = []
     for m in result.summaries:
-        if m.mode == "plain" or m.native:
+        if m.native:
+            notes += native_notes(m, result.settings.n)
+            continue
+        if m.mode == "plain":
             continue
         if m.identical_to_plain is False:
             notes.append(differ_note(m))
@@ -79,6 +103,13 @@ def run_dict(run: "PromptRun") -> dict[str, Any]:
             "bound": res.bound.to_dict() if res.bound is not None else None}
 
 
+def _overall_dict(row: Any) -> dict[str, Any]:
+    d = row.to_dict()
+    if row.native and row.identical_to_plain is False:   # another text on some prompt: never a speedup
+        d.update(ratio_vs_plain=None, ratios=[None] * len(d["ratios"]), measured_ratio_other_text=row.ratio_vs_plain)
+    return d
+
+
 def to_dict(suite: "SuiteResult", *, drafts: Sequence[tuple[str, Path]]) -> dict[str, Any]:
     """The `--json` object. With one target and one prompt it also carries that run's keys at the
     top (model, prompt, results, best, ...), as bench printed before sweeps existed."""
@@ -93,7 +124,7 @@ def to_dict(suite: "SuiteResult", *, drafts: Sequence[tuple[str, Path]]) -> dict
         "prompts": _prompt_ids(suite),
         "runs": runs,
         "overall": [{"model": t.ref, "model_path": str(t.path),
-                     "results": [row.to_dict() for row in suite.overall(t)], "best": _best(suite.best(t))}
+                     "results": [_overall_dict(row) for row in suite.overall(t)], "best": _best(suite.best(t))}
                     for t in suite.targets],
         "all_identical": all(r["all_identical"] for r in runs),
         "notes": all_notes(suite),
@@ -128,7 +159,9 @@ def _pct(v: float | None) -> str:
     return f"{100 * v:.0f}%" if v is not None else "-"
 
 
-def _ratio_cell(v: float | None, plain: bool) -> str:
+def _ratio_cell(v: float | None, plain: bool, other_text: bool = False) -> str:
+    if other_text:
+        return "[red]other text[/red]"   # a native row that decoded another text: no speedup to report
     if plain or v is None:
         return _x(v)
     return f"[green]{_x(v)}[/green]" if v > 1 else f"[red]{_x(v)}[/red]"
@@ -146,8 +179,14 @@ def _table(title: str | None, caption: str, columns: Sequence[tuple[str, str, in
 
 
 def _ident(m: Any) -> str:
-    if m.mode == "plain" or m.native:
-        return "-" if m.native else "ref"
+    if m.native:
+        if m.identical_to_plain is None:
+            return "unchecked"
+        if m.identical_to_plain:
+            return "[green]yes[/green]"
+        return f"[bold red]NO[/bold red]: {escape(native_differs(m))}"
+    if m.mode == "plain":
+        return "ref"
     if m.identical_to_plain:
         return "[green]yes[/green]"
     return f"[bold red]NO[/bold red] ({m.differing_reps}/{m.reps} reps, from token {m.first_difference})"
@@ -179,7 +218,8 @@ def _single_table(run: "PromptRun", suite: "SuiteResult"):
         f"{', chat template' if run.chat else ''}), n={s.n}, {s.threads} thread(s), greedy",
         f"{medians} {result.reps} rep(s). tok/s and ratio: generation only, over plain decoding "
         "in the same rep; e2e: wall time with prompt processing (target and draft)." + _THEORY_CAPTION
-        + (" native ratios are over llamaspec's plain decoding; their tokens are not checked."
+        + (" native rows: llama.cpp's llama-speculative-simple on our prompt tokens, its first -n tokens, ratios over"
+           " llamaspec's plain decoding; its greedy text is compared with ours (NO: another text, no ratio)."
            if any(m.native for m in result.summaries) else ""),
         [("mode", "left", 12), ("tok/s", "right", None), ("ratio", "right", None), ("e2e", "right", None),
          ("accept", "right", None), ("MAL", "right", None), ("theory", "right", None),
@@ -190,7 +230,7 @@ def _single_table(run: "PromptRun", suite: "SuiteResult"):
         plain = m.mode == "plain"
         table.add_row(
             f"[bold]{escape(m.mode)}[/bold]" if m.mode == best and not plain else escape(m.mode),
-            f"{m.tok_s:.1f}", _ratio_cell(m.ratio_vs_plain, plain), _x(m.e2e_ratio_vs_plain), *_mode_cells(m),
+            f"{m.tok_s:.1f}", _ratio_cell(m.ratio_vs_plain, plain, m.native and m.identical_to_plain is False), _x(m.e2e_ratio_vs_plain), *_mode_cells(m),
             _ident(m), f"{m.overhead_ms_per_step:.3f}" if m.overhead_ms_per_step is not None else "-",
             "-" if plain else " ".join(_x(r) for r in m.ratios))
     return table
@@ -213,7 +253,7 @@ def _prompts_table(suite: "SuiteResult"):
             head = ([escape(run.target.label) if i == 0 else ""] if several else []) + [
                 escape(f"{run.prompt_id} ({run.result.prompt_tokens} tok)") if i == 0 else ""]
             table.add_row(*head, f"[bold]{escape(m.mode)}[/bold]" if m.mode == best and not plain else escape(m.mode),
-                          f"{m.tok_s:.1f}", _ratio_cell(m.ratio_vs_plain, plain), *_mode_cells(m), _ident(m))
+                          f"{m.tok_s:.1f}", _ratio_cell(m.ratio_vs_plain, plain, m.native and m.identical_to_plain is False), *_mode_cells(m), _ident(m))
     return table
 
 
@@ -232,8 +272,8 @@ def _overall_table(suite: "SuiteResult"):
         best = suite.best(t).mode
         for i, r in enumerate(suite.overall(t)):
             plain = r.mode == "plain"
-            if plain or r.native:
-                ident = "-" if r.native else "ref"
+            if plain or (r.native and r.identical_to_plain is None):
+                ident = "unchecked" if r.native else "ref"
             elif r.identical_to_plain:
                 ident = "[green]yes[/green]"
             else:
@@ -241,7 +281,7 @@ def _overall_table(suite: "SuiteResult"):
             has = not plain and r.drafted > 0
             table.add_row(*([escape(t.label) if i == 0 else ""] if several else []),
                           f"[bold]{escape(r.mode)}[/bold]" if r.mode == best and not plain else escape(r.mode),
-                          f"{r.tok_s:.1f}", _ratio_cell(r.ratio_vs_plain, plain),
+                          f"{r.tok_s:.1f}", _ratio_cell(r.ratio_vs_plain, plain, r.native and r.identical_to_plain is False),
                           f"{100 * r.acceptance:.1f}%" if has else "-",
                           f"{r.mean_accepted_length:.2f}" if has and r.mean_accepted_length else "-",
                           _x(r.theory), _pct(r.of_theory), _x(r.bound), _pct(r.of_bound), ident,
@@ -278,7 +318,8 @@ def chart(suite: "SuiteResult", width: int = 40):
     for t in suite.targets:
         rows = [r for r in suite.overall(t) if r.mode != "plain"]
         title = ("overall" + (f" {t.label}" if several_t else "")) if len(suite.runs) > 1 else None
-        groups.append((title, [Bar(r.mode, r.ratio_vs_plain, r.identical_to_plain) for r in rows]))
+        groups.append((title, [Bar(r.mode, None if r.native and r.identical_to_plain is False else r.ratio_vs_plain,
+                                   r.identical_to_plain) for r in rows]))
     return speedup_chart(groups, width)
 
 

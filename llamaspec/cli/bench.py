@@ -75,7 +75,8 @@ def bench(
              "per position); needs pip install 'llamaspec[html]'.")] = None,
     native: Annotated[Optional[Path], typer.Option(
         "--native", metavar="BIN_DIR",
-        help="Also run llama.cpp's llama-speculative-simple from BIN_DIR on the same prompt.")] = None,
+        help="Also run llama.cpp's llama-speculative-simple from BIN_DIR on exactly our prompt tokens: its "
+             "first -n tokens counted, its greedy text checked against ours (another text gets no ratio).")] = None,
     native_draft_max: Annotated[int, typer.Option(
         "--native-draft-max", help="--spec-draft-n-max for native draft modes.",
         callback=at_least("--native-draft-max", 1))] = 4,
@@ -149,9 +150,14 @@ def bench(
         raise_if_interrupted()   # a run cut short by Ctrl-C/SIGTERM is not a measurement: stop here
         where = " / ".join(([t.label] if len(targets) > 1 else []) + ([pid] if len(suite_prompts) > 1 else []))
         line = (escape(f"[{where}] ") if several else "") + f"rep {rep}/{reps} {escape(r.mode)}: {r.tps:.1f} tok/s"
-        if r.mode != "plain" and r.ratio is not None:
+        other_text = r.native and r.identical is False
+        if r.mode != "plain" and r.ratio is not None and not other_text:
             line += f" ({r.ratio:.2f}x)"
-        if r.identical is False:
+        if r.native and r.n_decoded is not None and r.n_decoded > r.n:
+            line += f" (first {r.n} of {r.n_decoded} decoded)"
+        if other_text:
+            line += f" [red]text differs from ours at token {r.first_difference}[/red]"
+        elif r.identical is False:
             line += f" [red]tokens differ from plain at token {r.first_difference}[/red]"
         out.info(line)
 
@@ -164,7 +170,8 @@ def bench(
         out.warn(escape(note))
     for run in suite.runs:
         for s in run.result.differing:
-            out.warn(escape((f"[{run.target.label} / {run.prompt_id}] " if several else "") + render.differ_note(s)))
+            note = render.native_notes(s, settings.n)[0] if s.native else render.differ_note(s)
+            out.warn(escape((f"[{run.target.label} / {run.prompt_id}] " if several else "") + note))
     info = render.to_dict(suite, drafts=drafts)
     if html is not None:
         from llamaspec.cli import _bench_html
