@@ -134,15 +134,26 @@ def short_choice(choice, target_path: Path) -> str:
 
 
 def decodes_on_gpu(n_gpu_layers: int | None) -> bool:
-    """Will the target decode on a GPU (the draft decision's device kind): a GPU build and
-    layers not kept on the CPU by -ngl 0."""
+    """Will the target decode on a GPU (the draft decision's device kind): a GPU build of
+    llama.cpp (a GPU backend library beside libllama, or Metal's, which Apple Silicon builds have
+    by default) and layers not kept on the CPU by -ngl 0. Read from the files, without loading
+    llama.cpp (`pair` and `check` stay quick)."""
+    import importlib.util
+    import platform
+    import sys
+
     if n_gpu_layers == 0:
         return False
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        return True   # Metal is on by default in Apple Silicon builds (and may be linked in)
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.origin:
+        return False
+    lib = Path(spec.origin).parent / "lib"
+    gpu = ("cuda", "metal", "vulkan", "hip", "sycl", "musa", "opencl", "cann", "kompute")
     try:
-        from llamaspec.runtime.devices import gpu_offload_supported
-
-        return gpu_offload_supported()
-    except (ImportError, OSError):
+        return any(k in p.name.lower() for p in lib.iterdir() for k in gpu)
+    except OSError:
         return False
 
 

@@ -50,8 +50,9 @@ def _judge(target_path: Path, prompt: list[int], plain: list[int], got: list[int
         m.close()
 
 
-def test_run_draft_auto_drafts_with_the_sibling_on_disk(run_cli, pair_folder):
+def test_run_draft_auto_drafts_with_the_sibling_on_disk(run_cli, pair_folder, draft_pays):
     target = pair_folder / "SmolLM2-135M-Instruct.F16.gguf"
+    draft_pays(target, pair_folder / Q4_NAME)   # on a CPU it is refused unless a run measured it paying
     common = ("run", target, "-p", PROMPT, "-n", N, "--temp", "0", "-t", "2", "--json")
     plain = run_cli(*common, "--spec-type", "none")
     auto = run_cli(*common, "--draft", "auto", "--fixed-draft")

@@ -183,10 +183,15 @@ def test_scan_skips_what_cannot_match_and_dedupes(tiny_models, tmp_path):
 # ---- pair --------------------------------------------------------------------------------------
 
 
-def test_pair_lists_disk_drafts_and_the_auto_choice(run_cli, tiny_models, tmp_path, isolated_home):
+def test_pair_lists_disk_drafts_and_the_auto_choice(run_cli, tiny_models, tmp_path, isolated_home, draft_pays):
     d = tmp_path / "models"
     _link(tiny_models["draft"], d / "tiny-draft.gguf")
     _link(tiny_models["variant_token_text"], d / "changed.gguf")
+    r = run_cli("pair", tiny_models["target"], "--search", d, "--json")
+    # on a CPU the tiny draft costs about a tiny target's step: found, not taken, and said so
+    assert r.json()["auto"]["kind"] == "prompt-lookup" and Path(r.json()["auto"]["refused"]).name == "tiny-draft.gguf"
+    assert "not used: tiny-draft.gguf" in run_cli("pair", tiny_models["target"], "--search", d).stdout
+    draft_pays(tiny_models["target"], tiny_models["draft"])   # a run measured it paying here
     r = run_cli("pair", tiny_models["target"], "--search", d, "--json")
     assert r.exit_code == 0, r.stderr
     rep = r.json()
@@ -228,8 +233,9 @@ def test_pair_on_smollm2_finds_its_sibling_and_the_registry(run_cli, smollm2_f16
     statuses = {(p["main"]["id"], p["draft"]["id"]): p["status"] for p in rep["registry"]["pairs"]}
     assert statuses[("smollm2-135m-instruct-f16-local", "smollm2-135m-instruct-pypi-q4_1")] == "verified"
     assert statuses[("smollm2-1.7b-instruct", "smollm2-135m-instruct")] == "unverified"
-    assert rep["auto"]["kind"] == "draft-simple" and rep["auto"]["source"] == "disk"
-    assert Path(rep["auto"]["path"]).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    # a same-size quant cannot pay on a CPU: named, not taken (a GPU build would say otherwise)
+    assert rep["auto"]["kind"] == "prompt-lookup" and rep["auto"]["value"]["pays"] is False
+    assert Path(rep["auto"]["refused"]).name == "SmolLM2-135M-Instruct.Q4_1.gguf"
 
     r = run_cli("pair", smollm2_f16, "--search", d)
     assert "registry pairs" in r.stdout and "unsloth/SmolLM2-135M-Instruct-GGUF:Q8_0" in r.stdout
@@ -259,7 +265,7 @@ def test_auto_picks_the_smallest_reasonable_disk_draft(tiny_models, tmp_path, is
     _link(tiny_models["variant_size_128"], d / "bigger-vocab.gguf")   # compatible, larger file
     _link(tiny_models["draft"], d / "draft.gguf")                     # compatible, smallest
     _link(tiny_models["variant_token_text"], d / "changed.gguf")      # incompatible
-    c = autodraft.choose_draft(str(tiny_models["target"]), search_dirs=[d], offline=True)
+    c = autodraft.choose_draft(str(tiny_models["target"]), search_dirs=[d], offline=True, gate=False)
     assert (c.kind, c.source, c.path.name) == ("draft-simple", "disk", "draft.gguf")
     assert c.verdict.compatible and "1 other compatible file passed over" in c.reason
 
@@ -330,8 +336,11 @@ def test_check_explicit_draft(tiny_models, capsys, monkeypatch, tmp_path):
 def test_auto_on_real_smollm2(smollm2_f16, smollm2_q4, tmp_path, isolated_home):
     d = tmp_path / "models"
     _link(smollm2_q4, d / "q4.gguf")
-    c = autodraft.choose_draft(str(smollm2_f16), search_dirs=[d], offline=True)
+    c = autodraft.choose_draft(str(smollm2_f16), search_dirs=[d], offline=True, gate=False)
     assert (c.kind, c.source, c.path.name) == ("draft-simple", "disk", "q4.gguf")
+    assert not c.value.pays and "does not pay" in c.reason   # pull's view: taken, and said so
+    c = autodraft.choose_draft(str(smollm2_f16), search_dirs=[d], offline=True)
+    assert (c.kind, c.refused.name) == ("prompt-lookup", "q4.gguf")   # run's: not expected to pay on a CPU
     # Nothing on disk and offline: SmolLM2 135M is the family's smallest, so drafting from the text.
     c = autodraft.choose_draft(str(smollm2_q4), offline=True)
     assert c.kind == "prompt-lookup"
@@ -349,7 +358,7 @@ def test_auto_downloads_the_registry_draft_from_the_hub(tiny_models, tmp_path, h
     assert c.verdict.compatible
     # The draft is now in the HF cache: the next resolution finds it on disk, without the Hub.
     hub.stop()
-    again = autodraft.choose_draft(str(tiny_models["target"]), offline=True)
+    again = autodraft.choose_draft(str(tiny_models["target"]), offline=True, gate=False)
     assert (again.kind, again.source) == ("draft-simple", "disk") and again.path.resolve() == c.path.resolve()
 
 

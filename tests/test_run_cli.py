@@ -36,9 +36,10 @@ def test_json_has_every_key_and_spec_matches_plain(run_cli, tiny_models):
     assert per["drafted"] == spec["drafted"] and per["calls"] >= per["drafts"] > 0 and per["draft_seconds"] > 0
 
 
-def test_draft_auto_takes_a_compatible_draft_on_disk(run_cli, tiny_models, tmp_path, isolated_home):
+def test_draft_auto_takes_a_compatible_draft_on_disk(run_cli, tiny_models, tmp_path, isolated_home, draft_pays):
     d = tmp_path / "drafts"
     d.mkdir()
+    draft_pays(tiny_models["target"], tiny_models["draft"])   # measured to pay here (conftest)
     os.symlink(tiny_models["draft"], d / "tiny-draft.gguf")
     os.symlink(tiny_models["other_vocab"], d / "other.gguf")  # incompatible: must not be taken
     info, r = _run_json(run_cli, str(tiny_models["target"]), "-p", "hi", "-n", "8", "--temp", "0",

@@ -80,7 +80,8 @@ def test_pair_lists_the_quantized_sibling_and_run_says_where_it_looked(run_cli, 
     rep = r.json()
     sib = [c for c in rep["on_disk"] if Path(c["path"]).name == "smollm2-q4_1.gguf"]
     assert sib and sib[0]["compatible"] and sib[0]["location"] == "beside"
-    assert Path(rep["auto"]["path"]).name == "smollm2-q4_1.gguf" and rep["auto"]["kind"] == "draft-simple"
+    # found, but a same-size quant is not expected to pay on a CPU: named with why, not taken
+    assert Path(rep["auto"]["refused"]).name == "smollm2-q4_1.gguf" and rep["auto"]["kind"] == "prompt-lookup"
     assert f"the target's folder {folder}" in rep["scanned"]["places"]
 
     human = run_cli("pair", target, "--offline")
@@ -94,13 +95,15 @@ def test_pair_lists_the_quantized_sibling_and_run_says_where_it_looked(run_cli, 
     run = run_cli("run", target, "--draft", "auto", "-v", "-p", "hi", "-n", "4", "--temp", "0", "--offline", "--json")
     assert run.exit_code == 0, run.stderr
     assert f"looked for drafts in the target's folder {folder}" in run.stderr
-    assert Path(run.json()["draft_model"]).name == "smollm2-q4_1.gguf"
-    assert "draft-simple" in run.json()["spec_type"]
+    assert run.json()["draft_model"] is None and "draft-simple" not in run.json()["spec_type"]
+    assert "smollm2-q4_1.gguf found but not expected to pay here" in run.stderr
 
 
-def test_run_without_flags_takes_the_sibling_and_says_so_in_one_short_line(run_cli, tiny_models, tmp_path):
+def test_run_without_flags_takes_the_sibling_and_says_so_in_one_short_line(run_cli, tiny_models, tmp_path,
+                                                                          draft_pays):
     target = _put(tiny_models["target"], tmp_path / "m" / "target.gguf")
     _put(tiny_models["draft"], tmp_path / "m" / "draft.gguf")
+    draft_pays(target, tiny_models["draft"])   # measured to pay here (tests/conftest.py)
     r = run_cli("run", target, "-p", "hi", "-n", "4", "--temp", "0", "--json")
     assert r.exit_code == 0, r.stderr
     assert Path(r.json()["draft_model"]).name == "draft.gguf"
@@ -109,8 +112,9 @@ def test_run_without_flags_takes_the_sibling_and_says_so_in_one_short_line(run_c
     assert "looked for drafts" not in r.stderr   # the places and reasons are -v's
 
 
-def test_models_path_adds_places_for_pair_run_and_models(run_cli, tiny_models, tmp_path, monkeypatch):
+def test_models_path_adds_places_for_pair_run_and_models(run_cli, tiny_models, tmp_path, monkeypatch, draft_pays):
     target = _put(tiny_models["target"], tmp_path / "alone" / "target.gguf")
+    draft_pays(target, tiny_models["draft"])
     shelf = tmp_path / "shelf"
     _put(tiny_models["draft"], shelf / "draft.gguf")
     before = run_cli("pair", target, "--offline", "--json").json()

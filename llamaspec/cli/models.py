@@ -77,7 +77,8 @@ def _pull_draft(draft: str, target, *, offline: bool, update: bool, out) -> dict
     from llamaspec.pairing import autodraft
 
     # Headers only (the target is local now); the registry step downloads its draft via hub.
-    choice = autodraft.choose_draft(str(target.path), offline=offline)
+    # Not gated by cost: pull fetches the draft asked for; its reason says whether it pays here.
+    choice = autodraft.choose_draft(str(target.path), offline=offline, gate=False)
     info = choice.to_dict()
     if choice.kind == "draft-simple" and choice.path is not None:
         out.info(f"draft: {choice.label or choice.path.name} ({choice.reason})")

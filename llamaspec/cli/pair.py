@@ -147,8 +147,13 @@ def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: b
     made_for = None
     if describe(header, vocab)["draft_info"]:   # MODEL is a draft made for a target: which targets fit it
         made_for = _targets_for_draft(header, candidates)
+    from llamaspec.resolve import decodes_on_gpu
+    from llamaspec.tune.draft_costs import measured
+
     auto = autodraft.choose_for_header(header, candidates=candidates, offline=offline, allow_download=not offline,
-                                       dry_run=True, searched=searched)
+                                       dry_run=True, searched=searched, gpu=decodes_on_gpu(None),
+                                       draft_costs=lambda d: measured(header.source, d) if Path(header.source).is_file()
+                                       else None)
     sidecar = autodraft.find_mtp_sidecar(Path(header.source)) if Path(header.source).is_file() else None
     compared = [c for c in candidates if c.verdict is not None]
     shown = candidates if show_all else compared  # compared = passed the cheap type/size prefilter
@@ -271,6 +276,9 @@ def _render_pair(r: dict, console) -> None:
     a = r["auto"]
     target = a["path"] or a["label"] or a["kind"]
     console.print(f"[bold]--draft auto[/bold] → {a['kind']}: {escape(target)}")
+    if a.get("refused"):   # the draft on disk that is not expected to pay here, and why
+        console.print(f"  not used: {escape(Path(a['refused']).name)}, expected {a['value']['speedup']:.2f}x plain "
+                      f"here ({a['value']['costs']['source']}); --draft {escape(a['refused'])} forces it")
     console.print(f"  [dim]{escape(a['reason'])}[/dim]")
 
 

@@ -331,12 +331,13 @@ def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Cand
                       search_dirs: Iterable[str | os.PathLike[str]] = (), default_dirs: bool = True,
                       offline: bool = False, allow_download: bool = True, dry_run: bool = False,
                       mtp_sidecars: bool = False, pays=None, searched: Sequence[str] = (),
-                      draft_costs=None, gpu: bool = False) -> DraftChoice:
+                      draft_costs=None, gpu: bool = False, gate: bool = True) -> DraftChoice:
     """`choose_draft` for an already-read target header (and optionally an already-done disk scan,
     with `searched`, the places it looked in). pays(path): does a measurement say that translated
     draft beats plain decoding (step 3b)? draft_costs(path) -> DraftCosts | None: what a draft
     measured beside this target here (tune/draft_costs.py); gpu: the target decodes on a GPU
-    (the cold estimate's device kind)."""
+    (the cold estimate's device kind); gate=False (`pull`) takes a disk draft that does not pay,
+    saying so in its reason."""
     notes: list[str] = []
     choice = mtp_choice(header, sidecars=mtp_sidecars, notes=notes)
     if choice is not None:
@@ -358,7 +359,7 @@ def choose_for_header(header: GGUFHeader, *, candidates: Sequence[discovery.Cand
     best, why = pick_disk_draft(header, candidates)
     if best is not None:
         dv = draft_value.for_draft(header.file_size or 0, best.path, best.size, draft_costs, gpu=gpu)
-        if dv.pays:
+        if dv.pays or not gate:
             return DraftChoice("draft-simple", best.path, f"{why}; {dv.why()}", best.verdict, source="disk",
                                label=best.label, considered=tuple(notes), searched=searched_t, value=dv)
         # A draft that cannot pay here is not loaded; the registry's drafts of this family are
@@ -400,7 +401,8 @@ def text_fallback(notes: Sequence[str], searched: Sequence[str] = ()) -> DraftCh
 
 def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str]] = (), offline: bool = False,
                  allow_download: bool = True, default_dirs: bool = True, dry_run: bool = False,
-                 mtp_sidecars: bool = False, pays=None, draft_costs=None, gpu: bool = False) -> DraftChoice:
+                 mtp_sidecars: bool = False, pays=None, draft_costs=None, gpu: bool = False,
+                 gate: bool = True) -> DraftChoice:
     """Resolve `--draft auto` for `target_ref` (a path or Hub ref); headers only, no weights loaded.
 
     offline forbids any network use; allow_download=False allows Hub header reads but no download;
@@ -412,4 +414,4 @@ def choose_draft(target_ref: str, *, search_dirs: Iterable[str | os.PathLike[str
     header = hub.read_model_header(target_ref, offline=offline)
     return choose_for_header(header, search_dirs=search_dirs, default_dirs=default_dirs, offline=offline,
                              allow_download=allow_download, dry_run=dry_run, mtp_sidecars=mtp_sidecars, pays=pays,
-                             draft_costs=draft_costs, gpu=gpu)
+                             draft_costs=draft_costs, gpu=gpu, gate=gate)
