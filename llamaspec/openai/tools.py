@@ -92,9 +92,13 @@ def _choice(tool_choice: Any, names: list[str]) -> tuple[str, str | None]:
     if tool_choice in ("auto", "none", "required"):
         return tool_choice, None
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        name = (tool_choice.get("function") or {}).get("name")
-        if name not in names:
-            raise RequestError(f"tool_choice.function.name {name!r} is not one of the tools ({', '.join(names)})",
+        fn = tool_choice.get("function")
+        if not isinstance(fn, dict):
+            raise RequestError('tool_choice.function must be an object, {"name": ...}', "tool_choice.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or name not in names:
+            raise RequestError(f"tool_choice.function.name {str(name)[:70]!r} is not one of the tools "
+                               f"({', '.join(names)[:200]})",
                                "tool_choice.function.name")
         return "required", name
     raise RequestError('tool_choice must be "auto", "none", "required" or '

@@ -17,23 +17,18 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
-from llamaspec.errors import UsageError
+from llamaspec.runtime import grammar_bounds, grammar_worker
+from llamaspec.runtime.grammar_errors import GrammarError, parse_error as _parse_error
+from llamaspec.runtime.grammar_schema import JSON_CHAR, JSON_SPACE, as_llama_cpp as _as_llama_cpp
 
-__all__ = ["GrammarSpec", "GrammarError", "GrammarState", "grammar_from_schema", "UNSUPPORTED_SCHEMA_KEYS"]
-
-
-class GrammarError(UsageError):
-    """A grammar or JSON schema that cannot be compiled; `field` names where it came from."""
-
-    def __init__(self, message: str, field: str):
-        super().__init__(message)
-        self.field = field
+__all__ = ["GrammarSpec", "GrammarError", "GrammarState", "grammar_from_schema", "UNSUPPORTED_SCHEMA_KEYS",
+           "JSON_CHAR", "JSON_SPACE", "check_grammar"]
 
 
 @dataclass(frozen=True)
@@ -99,51 +94,47 @@ def _unsupported(schema: Any, path: str) -> tuple[str, str] | None:
 
 
 def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
-    """A JSON schema (a dict, or its JSON text) as a GBNF grammar, by llama-cpp-python's converter.
+    """A JSON schema (a dict, or its JSON text) as a GBNF grammar, by llama-cpp-python's converter
+    (fixed: grammar_schema.py), in a worker process (grammar_worker.py) unless the sandbox is off.
 
     `{}` or `true` is any JSON value (llama-server's json_schema {}, OpenAI's json_object).
-    Raises GrammarError naming `field` for a schema that is not JSON, uses a constraint the
-    converter does not implement, or that the converter rejects.
+    Raises GrammarError naming `field` for a schema that is not JSON, is past a bound
+    (grammar_bounds.py), uses a constraint the converter does not implement, or that the
+    converter rejects, crashes on or takes too long with.
     """
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
+    text_chars = None
     if isinstance(schema, str):
+        text_chars = len(schema)
+        if text_chars > grammar_bounds.MAX_SCHEMA_CHARS:
+            grammar_bounds.check_schema({}, field, text_chars)
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise GrammarError(f"{field} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})", field) from None
+        except RecursionError:
+            raise GrammarError(f"{field}: the schema nests too deep", field) from None
     if schema is True:
         schema = {}
     if not isinstance(schema, dict):
         raise GrammarError(f"{field} must be a JSON schema object, not {type(schema).__name__}", field)
+    grammar_bounds.check_schema(schema, field, text_chars)
     hit = _unsupported(schema, "")
     if hit:
         where, key = hit
         raise GrammarError(f"{field}: '{key}' (at {where}) is not supported by llama.cpp's JSON schema "
                            "converter; remove it or give a GBNF grammar instead", field)
-    try:
-        gbnf = json_schema_to_gbnf(json.dumps(schema))
-    except (ValueError, KeyError, TypeError, RecursionError, AssertionError) as e:   # (the converter asserts
-        # on an unresolvable $ref, an unknown type, an unanchored pattern)
-        raise GrammarError(f"{field}: the JSON schema cannot be converted to a grammar: {e}", field) from None
-    return GrammarSpec(_as_llama_cpp(gbnf), field=field)
+    if grammar_worker.sandboxed():
+        gbnf = grammar_worker.convert(schema, field)
+    else:
+        from llamaspec.runtime.grammar_schema import schema_to_gbnf
 
-
-# Two primitives where llama-cpp-python's converter differs from llama.cpp's own
-# (common/json-schema-to-grammar.cpp, what llama-server's json_schema uses), set as llama.cpp has
-# them: `char` excluded nothing (a newline copied from the prompt into a value made output
-# json.loads refuses); `space` allowed one blank only, where llama.cpp lets a model lay its JSON
-# out on lines, as a model asked for JSON without an example often does (and does under
-# llama-server's json_schema).
-JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})'
-JSON_SPACE = r'space ::= | " " | "\n"{1,2} [ \t]{0,20}'
-_RULES = ((re.compile(r"^char ::= .*$", re.M), JSON_CHAR), (re.compile(r"^space ::= .*$", re.M), JSON_SPACE))
-
-
-def _as_llama_cpp(gbnf: str) -> str:
-    for rule, text in _RULES:
-        gbnf = rule.sub(lambda m: text, gbnf)
-    return gbnf
+        try:
+            gbnf = schema_to_gbnf(schema)
+        except (ValueError, KeyError, TypeError, RecursionError, AssertionError) as e:   # (the converter
+            # asserts on an unresolvable $ref, an unknown type, an unanchored pattern)
+            raise GrammarError(f"{field}: the JSON schema cannot be converted to a grammar: {e}", field) from None
+    grammar_bounds.check_gbnf(gbnf, field)
+    return GrammarSpec(gbnf, field=field)
 
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
@@ -257,9 +248,9 @@ def _compile(model, spec: GrammarSpec):
 
     from llamaspec.runtime.llama import _LOG_TAIL
 
-    _LOG_TAIL.clear()
     gbnf, root = spec.gbnf.encode("utf-8"), spec.root.encode("utf-8")
-    with _native_stderr() as said:
+    with _STDERR_LOCK, _native_stderr(capture=not _verified(spec)) as said:
+        _LOG_TAIL.clear()
         if spec.lazy:
             pats = [p.encode("utf-8") for p in spec.trigger_patterns]
             pat_arr = (ctypes.c_char_p * max(1, len(pats)))(*pats)
@@ -268,7 +259,8 @@ def _compile(model, spec: GrammarSpec):
                                                                      tok_arr, len(spec.trigger_tokens))
         else:
             ptr = llama_cpp.llama_sampler_init_grammar(model.vocab, gbnf, root)
-    why = "" if ptr else _parse_error(said[0], list(_LOG_TAIL))
+        log = list(_LOG_TAIL)
+    why = "" if ptr else _parse_error(said[0], log)
     if said[0] and not why:   # anything but the parser's reason (which the one-line error says) is kept
         os.write(2, said[0].encode("utf-8"))
     if not ptr:
@@ -277,35 +269,39 @@ def _compile(model, spec: GrammarSpec):
     return ptr
 
 
-def _parse_error(stderr_text: str, log_lines: list[str]) -> str:
-    r"""Why llama.cpp refused a grammar: its parser's "parse: error parsing grammar: <why>" (written
-    to stderr), else the last specific line of its log (not the generic "failed to parse grammar").
+# File descriptor 2 is the whole process's: one capture at a time (else one request's error
+# could quote another's), and none for a grammar the worker compiled already (it cannot fail).
+_STDERR_LOCK = threading.Lock()
+_VERIFIED: dict[bytes, None] = {}   # digests of the grammars that compiled in a worker (oldest first)
 
-        >>> _parse_error("parse: error parsing grammar: Undefined rule identifier 'foo'\n\nroot ::= foo\n", [])
-        "Undefined rule identifier 'foo'"
-        >>> _parse_error("", ["grammar does not contain a 'root' symbol\n"])
-        "grammar does not contain a 'root' symbol"
-    """
-    for line in stderr_text.splitlines():
-        if "error parsing grammar: " in line:
-            return line.split("error parsing grammar: ", 1)[1].strip()
-    for line in reversed(log_lines):
-        line = line.strip()
-        if line and line != "failed to parse grammar":
-            return line
-    return ""
+
+def _key(spec: GrammarSpec) -> bytes:
+    import hashlib
+
+    return hashlib.sha256(json.dumps([spec.gbnf, spec.root, spec.trigger_patterns, spec.trigger_tokens]).encode(
+        "utf-8", "surrogatepass")).digest()
+
+
+def _verified(spec: GrammarSpec) -> bool:
+    return _key(spec) in _VERIFIED
 
 
 class _native_stderr:
     """Captures what native code writes to file descriptor 2 meanwhile (llama.cpp's grammar
     parser prints its reason there, not to the log); `said[0]` is the text, for the caller to
-    fold into its error or write back."""
+    fold into its error or write back. Hold _STDERR_LOCK around it."""
+
+    def __init__(self, capture: bool = True):
+        self.capture = capture
 
     def __enter__(self) -> list[str]:
         import sys
         import tempfile
 
         self.said = [""]
+        self._saved = None
+        if not self.capture:
+            return self.said
         try:
             sys.stderr.flush()
             self._tmp = tempfile.TemporaryFile()
@@ -327,5 +323,16 @@ class _native_stderr:
 
 
 def check_grammar(model, spec: GrammarSpec) -> None:
-    """Compile `spec` once to raise its GrammarError before any generation starts."""
+    """Compile `spec` once to raise its GrammarError before any generation starts: its bounds
+    first, then (sandbox on, a model loaded from a file) in a worker process, only then here."""
+    grammar_bounds.check_gbnf(spec.gbnf, spec.field)
+    path = getattr(model, "path", None)
+    key = _key(spec)
+    if grammar_worker.sandboxed() and path is not None and key not in _VERIFIED:
+        grammar_worker.check_parses(path, spec.gbnf, spec.root, spec.trigger_patterns, spec.trigger_tokens,
+                                    spec.field)
+        with _STDERR_LOCK:
+            _VERIFIED[key] = None
+            while len(_VERIFIED) > 256:
+                _VERIFIED.pop(next(iter(_VERIFIED)))
     GrammarState(model, spec).close()

@@ -25,6 +25,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamaspec.openai import requests as oa_req, responses as oa_resp
@@ -145,6 +146,9 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
                max_body: int = MAX_BODY, cors_origins: Sequence[str] = (), loopback_only: bool = False) -> FastAPI:
     app = FastAPI(title="llamaspec", docs_url=None, redoc_url=None, openapi_url=None)
     created = oa_resp.now()
+    from llamaspec.runtime import grammar_worker   # (a warm compile worker before the first request)
+
+    grammar_worker.prewarm(getattr(sched.gen.pipeline.target, "path", None))
     piece = sched.gen.pipeline.target.piece   # a token's bytes, for logprobs (reads the vocabulary only)
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
@@ -217,8 +221,9 @@ def create_app(sched: Scheduler, *, model_name: str, api_key: str | None = None,
             raise ApiError(415, "send the header Content-Type: application/json (got "
                                 f"{request.headers.get('content-type', 'none')[:60]!r})", code="unsupported_media_type")
         body = await read_json(request, max_body)
-        try:
-            parsed = (oa_req.parse_chat if kind == oa_req.CHAT else oa_req.parse_completion)(body)
+        try:   # (off the event loop: a request's schema is converted while it is parsed)
+            parsed = await run_in_threadpool(oa_req.parse_chat if kind == oa_req.CHAT else oa_req.parse_completion,
+                                             body)
         except oa_req.RequestError as e:
             raise ApiError(400, e.message, e.param, e.code) from None
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
