@@ -98,3 +98,44 @@ def same_text_or_near_tie(target: Model, prompt: list[int], reference: str, got:
     a, b = (target.tokenize(t, add_special=False, parse_special=False) for t in (reference, got))
     n = min(len(a), len(b))
     return assert_lossless(target, prompt, a[:n], b[:n], eps, label)
+
+
+
+@dataclass
+class PlainPath:
+    """Plain greedy decoding of a prompt, with where its first near-tie falls: up to there every
+    batch shape must write the same tokens (a flip needs a gap below the batch noise)."""
+
+    text: str                  # plain decoding's text
+    tokens: list[int]
+    near_tie: int | None       # the first token whose top-2 logit gap is below the bound (None: none)
+    gap: float | None          # that gap
+    sure: str                  # the text of the tokens before it: every run's text starts with it
+
+
+def plain_path(target: Model, prompt: list[int], text: str, tokens: list[int], bound: float, *, ended: bool,
+               n_ctx: int = 1024, threads: int = 1) -> PlainPath:
+    """`text` and `tokens` of plain greedy decoding of `prompt` (ended: it stopped at an end of
+    generation, whose choice counts too), their top-2 gaps evaluated as plain decoding does
+    (llamaspec.tune.flips.plain_rows), and the text before the first gap below `bound`, decoded
+    as the output does (an incomplete UTF-8 sequence at its end left out). Works on texts of
+    byte tokens, which a text cannot be replayed through (they are written as U+FFFD)."""
+    import codecs
+
+    from llamaspec.tune.flips import plain_rows
+
+    ctx = Context(target, ContextConfig(n_ctx=max(n_ctx, len(prompt) + len(tokens) + 8), n_threads=threads))
+    try:
+        rows = plain_rows(ctx, prompt, tokens)
+    finally:
+        ctx.close()
+    top = np.sort(rows, axis=1)[:, -2:]
+    gaps = top[:, 1] - top[:, 0]
+    if not ended:
+        gaps = gaps[:-1]
+    low = [i for i, g in enumerate(gaps) if g < bound]
+    if not low:
+        return PlainPath(text, list(tokens), None, None, text)
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    sure = "".join(dec.decode(target.piece(t)) for t in tokens[:low[0]])
+    return PlainPath(text, list(tokens), low[0], float(gaps[low[0]]), sure)

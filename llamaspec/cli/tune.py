@@ -121,7 +121,7 @@ def _sweep(out: Output, model: str, draft: str | None, *, prompts: Path | None, 
         result, cal, used = tune_pair(Path(target_path), Path(draft_path) if draft_path else None,
                                       prompts_file=prompts, chat=chat, n=n, threads=threads, ctx=ctx, amx=amx,
                                       plan=plan, on_run=progress.run, on_round=progress.round,
-                                      on_unsteady=progress.unsteady)
+                                      on_unsteady=progress.unsteady, on_noise=progress.noise)
     used["quick"], reps = quick, plan.passes
     if wait_policy:
         used["omp_wait_policy"] = wait_policy
@@ -216,6 +216,10 @@ class _Progress:
     def unsteady(self, line: str) -> None:
         self.out.warn(escape(line))
 
+    def noise(self, noise, cached: bool) -> None:
+        """The target's batch noise, by which a run whose tokens differ from plain is judged."""
+        self.out.info(escape(noise.text + (" (measured before, cached)" if cached else "")))
+
     def eta(self, left: int) -> str:
         import time
 
@@ -230,7 +234,9 @@ class _Progress:
             text = f"plain {r.tps:.1f} tok/s"
         else:
             text = f"{cand.label} {r.ratio:.2f}x" if r.ratio is not None else cand.label
-            if r.identical is False:
+            if tick.flip:
+                text += f" (tokens differ from plain: {escape(tick.flip)}: kept)"
+            elif r.identical is False:
                 text += f" [red]tokens differ from plain at token {r.first_difference}: rejected[/red]"
         eta = self.eta(tick.left)
         if self.bar is not None and self.task is not None:
@@ -269,6 +275,8 @@ def _render(console, result: "SweepResult", config, stored: str | None) -> None:
     last = result.rounds[-1] if result.rounds else None
     for s in (last.scores if last else []):
         note = s.rejected or ("chosen" if result.chosen is s else "" if s.accepted else "no accepted drafts")
+        if s.flips and not s.rejected:
+            note = "; ".join([note] * bool(note) + s.flips)
         table.add_row(escape(s.candidate.label), _x(s.score), " ".join(_x(p) for p in s.passes),
                       str(s.accepted), escape(note))
     if last is not None and last.scores:
@@ -276,6 +284,9 @@ def _render(console, result: "SweepResult", config, stored: str | None) -> None:
     for s in result.rejected:   # a type that cannot run with this pair: once, not once per chain
         if not (s.rejected.startswith("cannot run: ") and "," in s.candidate.spec):
             console.print(f"rejected: {escape(s.candidate.label)}: {escape(s.rejected)}")
+    kept = {s.candidate: s for r in result.rounds for s in r.scores if s.flips and not s.rejected}
+    for s in kept.values():   # tokens differed from plain at a near-tie of the target: batch noise
+        console.print(f"kept: {escape(s.candidate.label)}: {escape('; '.join(s.flips))}")
     if result.unstable:
         pass   # said below: nothing is chosen from numbers that disagree
     elif result.chosen is None:

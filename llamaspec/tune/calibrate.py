@@ -1,7 +1,9 @@
 """The real measurements behind a sweep: the calibration prompts and a runner on a loaded target.
 
 Runs are `llamaspec.bench.run_mode` (the same greedy run `bench` times), so a tuned ratio
-and a bench ratio mean the same thing. Nothing here imports llama_cpp at module level.
+and a bench ratio mean the same thing. Before the sweep, llama.cpp's batch noise on the target is
+measured (or read from the cache, flips.py), and a run whose tokens differ from plain decoding is
+judged at its first difference against it. Nothing here imports llama_cpp at module level.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from llamaspec.tune.sweep import Candidate, OnRound, OnRun, OnUnsteady, Plan, Sw
 
 if TYPE_CHECKING:
     from llamaspec.runtime.llama import Model
+    from llamaspec.tune.flips import Noise
+
+# on_noise(the batch noise measured on the target, whether it came from the cache)
+OnNoise = Callable[["Noise", bool], None]
 
 # The bundled calibration set (PROMPT_PRESETS): text that repeats its context, and text that does not.
 CHAT_PRESETS = ("code", "story")
@@ -65,9 +71,12 @@ def bench_runner(target: "Model", prompts: Sequence[Sequence[int]], settings) ->
 def tune_pair(target_path: Path, draft_path: Path | None, *, prompts_file: Path | None = None,
               chat: bool | None = None, n: int = 128, threads: int | None = None, ctx: int = 4096,
               amx: bool | None = None, plan: Plan | None = None, on_run: OnRun | None = None,
-              on_round: OnRound | None = None,
-              on_unsteady: OnUnsteady | None = None) -> tuple[SweepResult, Calibration, dict]:
-    """Load the target once, calibrate, sweep. Returns the sweep, the prompts and the settings used."""
+              on_round: OnRound | None = None, on_unsteady: OnUnsteady | None = None,
+              on_noise: OnNoise | None = None) -> tuple[SweepResult, Calibration, dict]:
+    """Load the target once, calibrate, measure its batch noise, sweep. Returns the sweep, the
+    prompts and the settings used (with the noise and the bound flips were judged by)."""
+    from llamaspec.tune.flips import cached_noise, make_judge, measure_noise
+
     from llamaspec.gguf.header import read_file
     from llamaspec.runtime.llama import Model, default_threads
     from llamaspec.bench import BenchSettings
@@ -86,12 +95,18 @@ def tune_pair(target_path: Path, draft_path: Path | None, *, prompts_file: Path 
         cal = calibration_prompts(target, prompts_file, chat, n, n_ctx)
         settings = BenchSettings(n=n, threads=threads, ctx=ctx, draft_path=draft_path)
         _warm_up(target, cal.tokens[0], replace(settings, n=min(n, 8)), draft_path is not None)
+        noise, cached = cached_noise(target_path, ngl, lambda: measure_noise(target, cal.tokens, n_ctx=n_ctx,
+                                                                             threads=threads))
+        if on_noise:
+            on_noise(noise, cached)
+        judge = make_judge(target, cal.tokens, noise.bound, n_ctx=n_ctx, threads=threads)
         runner = bench_runner(target, cal.tokens, settings)
         result = run_sweep(runner, len(cal.ids), has_draft=draft_path is not None, has_mtp=has_mtp, plan=plan,
-                           on_run=on_run, on_round=on_round, on_unsteady=on_unsteady)
+                           on_run=on_run, on_round=on_round, on_unsteady=on_unsteady, judge=judge)
     finally:
         target.close()
-    used = {"prompts": cal.ids, "n": n, "threads": threads, "ctx": ctx, "margin": result.margin}
+    used = {"prompts": cal.ids, "n": n, "threads": threads, "ctx": ctx, "margin": result.margin,
+            "batch_noise": {**noise.to_dict(), "cached": cached}}
     return result, cal, used
 
 

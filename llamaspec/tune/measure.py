@@ -7,6 +7,10 @@ faster neighbour is the better estimate of plain speed at that moment, and a can
 flattered by a plain run that happened to be slowed; a ratio against one plain run made minutes
 earlier (or one shared by several candidates) is what let a load spike read as 26x.
 
+A candidate whose greedy tokens differ from plain decoding is rejected, unless a `judge` (flips.py:
+the target's gap between the two tokens at the first difference, against the batch noise measured
+on this model) finds the flip at a near-tie: then it is kept, and the flip noted.
+
 `agreeing` is the spread check: the passes of a candidate (its pair ratios, as a geometric mean
 over the prompts) must agree within a factor, or the decision is not taken on them.
 Timing comes from the runner, so all of this is testable with made-up numbers.
@@ -24,6 +28,7 @@ from llamaspec.speculative.options import NgramParams, default_draft_max
 
 if TYPE_CHECKING:
     from llamaspec.bench import RepResult
+    from llamaspec.tune.flips import Flip
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,9 @@ class Candidate:
 
 # Runner(candidate, prompt index) -> one greedy run; candidate None: plain decoding.
 Runner = Callable[[Candidate | None, int], "RepResult"]
+# Judge(prompt index, plain's tokens, the candidate's tokens) -> the first difference judged (a
+# Flip: .near_tie, .note), or None when there is none.
+Judge = Callable[[int, Sequence[int], Sequence[int]], "Flip | None"]
 
 
 def geomean(xs: Sequence[float]) -> float:
@@ -82,6 +90,7 @@ class Score:
     accepted: int = 0
     drafted: int = 0
     rejected: str | None = None          # why it cannot be chosen (tokens differ from plain)
+    flips: list[str] = field(default_factory=list)   # near-tie flips judged noise: kept
     agreed: tuple[float, float] | None = None   # the range most passes agree on (spread check)
 
     @property
@@ -102,7 +111,7 @@ class Score:
 
     def to_dict(self) -> dict:
         return {**self.candidate.to_dict(), "score": self.score, "passes": self.passes, "ratios": self.ratios,
-                "accepted": self.accepted, "drafted": self.drafted, "rejected": self.rejected}
+                "accepted": self.accepted, "drafted": self.drafted, "rejected": self.rejected, "flips": self.flips}
 
 
 @dataclass
@@ -154,6 +163,7 @@ class Tick:
     left: int
     candidate: Candidate | None      # None: plain decoding
     result: "RepResult"
+    flip: str | None = None          # tokens differ from plain at a near-tie: kept (the judge's note)
 
 
 OnRun = Callable[[Tick], None]
@@ -166,30 +176,31 @@ def round_size(n_cands: int, n_prompts: int, passes: int) -> int:
 
 
 def measure(name: str, cands: Sequence[Candidate], runner: Runner, n_prompts: int, passes: int,
-            rejected: dict[Candidate, str], on_run: OnRun | None = None) -> Round:
+            rejected: dict[Candidate, str], on_run: OnRun | None = None, judge: Judge | None = None) -> Round:
     """A new round: `passes` passes over the prompts (see `measure_pass`)."""
     rnd = Round(name, [Score(c) for c in dict.fromkeys(cands) if c not in rejected])
     for p in range(passes):
-        measure_pass(rnd, runner, n_prompts, rejected, on_run, passes_after=passes - p - 1)
+        measure_pass(rnd, runner, n_prompts, rejected, on_run, passes_after=passes - p - 1, judge=judge)
     return rnd
 
 
 def measure_pass(rnd: Round, runner: Runner, n_prompts: int, rejected: dict[Candidate, str],
-                 on_run: OnRun | None = None, passes_after: int = 0) -> None:
+                 on_run: OnRun | None = None, passes_after: int = 0, judge: Judge | None = None) -> None:
     """One more pass of every live candidate of `rnd` over the prompts, each run between two plain
-    runs on its prompt; appends a list of ratios to each Score."""
+    runs on its prompt; appends a list of ratios to each Score. Tokens that differ from plain
+    reject the candidate, unless `judge` finds the flip at a near-tie (noted in Score.flips)."""
     for s in rnd.scores:
         s.ratios.append([])
     done = 0
 
-    def tick(j: int, i: int, cand: Candidate | None, r) -> None:
+    def tick(j: int, i: int, cand: Candidate | None, r, flip: str | None = None) -> None:
         nonlocal done
         done += 1
         if on_run:
             live = sum(1 for s in rnd.scores if s.rejected is None)
             ahead = sum(2 for s in rnd.scores[j + 1:] if s.rejected is None) + (cand is not None)
             later = (n_prompts - i - 1) + passes_after * n_prompts
-            on_run(Tick(rnd.name, done, ahead + later * (1 + 2 * live) if live else 0, cand, r))
+            on_run(Tick(rnd.name, done, ahead + later * (1 + 2 * live) if live else 0, cand, r, flip))
 
     for i in range(n_prompts):
         if all(s.rejected is not None for s in rnd.scores):
@@ -207,16 +218,24 @@ def measure_pass(rnd: Round, runner: Runner, n_prompts: int, rejected: dict[Cand
                 continue
             after = runner(None, i)
             rnd.plain_tps.append(after.tps)
-            r = r.compare_to(after if after.tps >= before.tps else before)   # the token check, e2e ratio
+            plain = after if after.tps >= before.tps else before
+            r = r.compare_to(plain)   # the token check, e2e ratio
             r.ratio = pair_ratio(r.tps, before.tps, after.tps)
             s.accepted += r.accepted
             s.drafted += r.drafted
+            flip = None
             if r.identical is False and s.rejected is None:
-                s.rejected = (f"greedy tokens differ from plain decoding on prompt {i + 1} "
-                              f"from token {r.first_difference}")
-                rejected[s.candidate] = s.rejected
+                why = f"greedy tokens differ from plain decoding on prompt {i + 1} from token {r.first_difference}"
+                verdict = judge(i, plain.tokens or [], r.tokens or []) if judge is not None else None
+                if verdict is not None and verdict.near_tie:
+                    flip = f"prompt {i + 1} token {verdict.index}: {verdict.note}"
+                    if flip not in s.flips:
+                        s.flips.append(flip)
+                else:
+                    s.rejected = why + (f": {verdict.note}" if verdict is not None else "")
+                    rejected[s.candidate] = s.rejected
             s.ratios[-1].append(r.ratio or 0.0)
-            tick(j, i, s.candidate, r)
+            tick(j, i, s.candidate, r, flip)
             tick(j, i, None, after)
             before = after
 

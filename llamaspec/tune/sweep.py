@@ -14,7 +14,8 @@ between two plain runs on its prompt, its ratio over the faster of them):
    finalists are measured again (up to `retries` passes) and, still disagreeing, nothing is
    chosen (`SweepResult.unstable` says why; the CLI stores nothing).
 
-A candidate whose greedy tokens ever differ from plain decoding is rejected for good; one that
+A candidate whose greedy tokens ever differ from plain decoding is rejected for good, unless
+`judge` finds the flip at a near-tie of the target (flips.py: batch noise, kept); one that
 never had a draft token accepted cannot win (its ratio is noise). Plain decoding ("none") is
 chosen unless the best confirmed candidate beats it by `margin`. A score is the median over
 passes of the geometric mean over the prompts of the generation tok/s ratio. Timing comes from
@@ -31,7 +32,8 @@ from llamaspec.speculative.options import (
     MAX_DRAFT, SPEC_TYPES, NgramParams, loads_mtp_layers, needs_draft_model, order_by_priority,
 )
 from llamaspec.tune.measure import (  # noqa: F401 - Candidate, Score, Round, Tick are this module's API too
-    Candidate, OnRun, Round, Runner, Score, Tick, agreeing, geomean, measure, measure_pass, pair_ratio, round_size,
+    Candidate, Judge, OnRun, Round, Runner, Score, Tick, agreeing, geomean, measure, measure_pass, pair_ratio,
+    round_size,
 )
 
 if TYPE_CHECKING:
@@ -186,8 +188,9 @@ def evidence(rounds: Sequence[Round], cand: Candidate) -> list[float]:
 
 def run_sweep(runner: Runner, n_prompts: int, has_draft: bool, has_mtp: bool, plan: Plan | None = None,
               on_run: OnRun | None = None, on_round: OnRound | None = None,
-              on_unsteady: OnUnsteady | None = None) -> SweepResult:
-    """The rounds of the module docstring; on_round before each, on_run after every run."""
+              on_unsteady: OnUnsteady | None = None, judge: Judge | None = None) -> SweepResult:
+    """The rounds of the module docstring; on_round before each, on_run after every run; `judge`
+    decides whether tokens that differ from plain decoding are a near-tie flip (None: never)."""
     plan = plan or Plan()
     rejected: dict[Candidate, str] = {}
     rounds: list[Round] = []
@@ -205,7 +208,7 @@ def run_sweep(runner: Runner, n_prompts: int, has_draft: bool, has_mtp: bool, pl
         cands = [c for c in dict.fromkeys(cands) if c not in rejected]
         if on_round:
             on_round(name, round_size(len(cands), n_prompts, passes), estimate.get(name, 0))
-        rnd = measure(name, cands, runner, n_prompts, passes, rejected, on_run)
+        rnd = measure(name, cands, runner, n_prompts, passes, rejected, on_run, judge)
         rounds.append(rnd)
         return rnd
 
@@ -242,7 +245,7 @@ def run_sweep(runner: Runner, n_prompts: int, has_draft: bool, has_mtp: bool, pl
             live = sum(1 for s in confirm.scores if s.rejected is None)
             if on_round:
                 on_round("confirm again", round_size(live, n_prompts, 1), 0)
-            measure_pass(confirm, runner, n_prompts, rejected, on_run)
+            measure_pass(confirm, runner, n_prompts, rejected, on_run, judge=judge)
         plain_tok_s = statistics.median(confirm.plain_tps) if confirm.plain_tps else plain_tok_s
         if unstable is None and best is not None and (best.score or 0.0) >= 1.0 + plan.margin:
             chosen = best
