@@ -37,6 +37,9 @@ def grammar_of(grammar: Any, json_schema: Any, *, grammar_field: str = "grammar"
         if not isinstance(grammar, str) or not grammar.strip():
             raise UsageError(f"{grammar_field} must be a GBNF grammar (non-empty text), not {grammar!r:.60}",
                              'e.g. root ::= "yes" | "no"')
+        from llamaspec.runtime.grammar_bounds import check_gbnf
+
+        check_gbnf(grammar, grammar_field)
         return GrammarSpec(grammar, field=grammar_field)
     if json_schema is None:
         return None

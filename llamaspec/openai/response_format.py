@@ -141,6 +141,7 @@ def constraint(body: Any) -> "GrammarSpec | None":
     """The GrammarSpec of a body's one constraint (None: none); two given is a RequestError naming
     both, a schema the converter refuses one naming its field."""
     from llamaspec.runtime.grammar import GrammarError, GrammarSpec, grammar_from_schema
+    from llamaspec.runtime.grammar_bounds import check_gbnf
 
     names = given(body)
     if len(names) > 1:
@@ -160,4 +161,8 @@ def constraint(body: Any) -> "GrammarSpec | None":
         raise RequestError(e.message, name) from None
     if not v.strip():
         raise RequestError(f'{name} must be a GBNF grammar (non-empty text), e.g. root ::= "yes" | "no"', name)
+    try:
+        check_gbnf(v, name)
+    except GrammarError as e:
+        raise RequestError(e.message, name) from None
     return GrammarSpec(v, field=name)

@@ -24,10 +24,11 @@ from llamaspec.runtime.grammar_errors import GrammarError
 MAX_SCHEMA_CHARS = 1_000_000    # a JSON schema's JSON text
 MAX_SCHEMA_DEPTH = 32           # subschemas nested in subschemas (OpenAI strict: 10)
 MAX_PROPERTIES = 10_000         # object properties in the whole schema (OpenAI strict: 5000)
-MAX_OPTIONAL = 200              # optional (not required) properties of one object
+MAX_OPTIONAL = 100              # optional (not required) properties of one object
 MAX_ENUM = 4_000                # enum values in the whole schema, a const counting one (OpenAI: 1000)
 MAX_NAME_CHARS = 250_000        # characters of property names and enum/const values (OpenAI: 120000)
-MAX_REPEAT = 100_000            # minLength/maxLength/minItems/maxItems, a GBNF {m,n}
+MAX_REPEAT = 100_000            # maxLength/maxItems, a GBNF {m,n}'s n
+MAX_MIN_REPEAT = 2_000          # minLength/minItems, a GBNF {m,n}'s m (llama.cpp's parser refuses more)
 MAX_SUBSCHEMAS = 50_000         # subschemas of any kind in the whole schema
 MAX_GBNF_CHARS = 2_000_000      # a GBNF grammar's text (a schema's converted grammar included)
 MAX_GBNF_DEPTH = 256            # ( ) nesting in a GBNF rule
@@ -79,9 +80,9 @@ def check_schema(schema: Any, field: str, text_chars: int | None = None) -> None
             n = node.get(key)
             if isinstance(n, bool) or (n is not None and not isinstance(n, int)):
                 fail(f"{key} (at {where or 'schema'}) must be a non-negative integer, got {str(n)[:40]}")
-            if n is not None and not 0 <= n <= MAX_REPEAT:
-                fail(f"{key} {n} (at {where or 'schema'}) is over the limit of {MAX_REPEAT:,} "
-                     "(a bounded repetition is compiled into one grammar rule per repetition)")
+            limit = MAX_MIN_REPEAT if key.startswith("min") else MAX_REPEAT
+            if n is not None and not 0 <= n <= limit:
+                fail(f"{key} {n} (at {where or 'schema'}) is over the limit of {limit:,}")
         values = node.get("enum")
         if values is not None:
             if not isinstance(values, list):
@@ -173,7 +174,8 @@ def _jtype(v: Any) -> str:
     return {str: "string", int: "number", float: "number", list: "array", dict: "object"}.get(type(v), "value")
 
 
-_REPEAT_RE = re.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")
+_GBNF_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|\[(?:[^\]\\\n]|\\.)*\]|#[^\n]*|::=|[()]'
+                         r'|\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}')
 
 
 def check_gbnf(text: str, field: str) -> None:
@@ -185,42 +187,22 @@ def check_gbnf(text: str, field: str) -> None:
 
     if len(text) > MAX_GBNF_CHARS:
         fail(f"the grammar is {len(text):,} characters, over the limit of {MAX_GBNF_CHARS:,}")
-    depth = 0
-    i, n = 0, len(text)
-    rules = 0
-    while i < n:
-        c = text[i]
-        if c == '"' or c == "[":
-            close = '"' if c == '"' else "]"
-            i += 1
-            while i < n and text[i] != close:
-                i += 2 if text[i] == "\\" else 1
-            i += 1
-        elif c == "#":
-            j = text.find("\n", i)
-            i = n if j < 0 else j + 1
-        elif c == "(":
+    depth = rules = 0
+    for m in _GBNF_TOKEN.finditer(text):
+        tok = m.group(0)
+        c = tok[0]
+        if c == "(":
             depth += 1
             if depth > MAX_GBNF_DEPTH:
                 fail(f"the grammar nests ( ) more than {MAX_GBNF_DEPTH} deep")
-            i += 1
         elif c == ")":
             depth = max(0, depth - 1)
-            i += 1
-        elif c == "{":
-            m = _REPEAT_RE.match(text, i)
-            if m:
-                for g in m.groups():
-                    if g and (len(g) > 9 or int(g) > MAX_REPEAT):
-                        fail(f"the repetition {m.group(0)} is over the limit of {MAX_REPEAT:,}")
-                i = m.end()
-            else:
-                i += 1
-        elif c == ":" and text.startswith("::=", i):
+        elif c == ":":
             rules += 1
             if rules > MAX_GBNF_RULES:
                 fail(f"the grammar has more than {MAX_GBNF_RULES:,} rules")
             depth = 0   # (a new rule: an unclosed "(" is the parser's error to report)
-            i += 3
-        else:
-            i += 1
+        elif c == "{":
+            for g, limit in zip(m.groups(), (MAX_MIN_REPEAT, MAX_REPEAT)):
+                if g and (len(g) > 9 or int(g) > limit):
+                    fail(f"the repetition {tok} is over the limits (m up to {MAX_MIN_REPEAT:,}, n up to {MAX_REPEAT:,})")
