@@ -123,6 +123,10 @@ def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
         where, key = hit
         raise GrammarError(f"{field}: '{key}' (at {where}) is not supported by llama.cpp's JSON schema "
                            "converter; remove it or give a GBNF grammar instead", field)
+    key = _schema_key(schema)
+    gbnf = _CONVERTED.get(key)
+    if gbnf is not None:
+        return GrammarSpec(gbnf, field=field)
     if grammar_worker.sandboxed():
         gbnf = grammar_worker.convert(schema, field)
     else:
@@ -134,7 +138,20 @@ def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
             # asserts on an unresolvable $ref, an unknown type, an unanchored pattern)
             raise GrammarError(f"{field}: the JSON schema cannot be converted to a grammar: {e}", field) from None
     grammar_bounds.check_gbnf(gbnf, field)
+    with _STDERR_LOCK:
+        _CONVERTED[key] = gbnf
+        while len(_CONVERTED) > 64:
+            _CONVERTED.pop(next(iter(_CONVERTED)))
     return GrammarSpec(gbnf, field=field)
+
+
+_CONVERTED: dict[bytes, str] = {}   # recent schemas' grammars (a batch job sends one schema many times)
+
+
+def _schema_key(schema: dict) -> bytes:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(schema).encode("utf-8", "surrogatepass")).digest()   # (property order counts)
 
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])

@@ -205,4 +205,5 @@ def check_gbnf(text: str, field: str) -> None:
         elif c == "{":
             for g, limit in zip(m.groups(), (MAX_MIN_REPEAT, MAX_REPEAT)):
                 if g and (len(g) > 9 or int(g) > limit):
-                    fail(f"the repetition {tok} is over the limits (m up to {MAX_MIN_REPEAT:,}, n up to {MAX_REPEAT:,})")
+                    fail(f"the repetition {tok} is over the limits "
+                         f"(m up to {MAX_MIN_REPEAT:,}, n up to {MAX_REPEAT:,})")

@@ -34,6 +34,7 @@ SANDBOX_ENV = "LLAMASPEC_GRAMMAR_SANDBOX"
 
 _idle: list["_Worker"] = []
 _lock = threading.Lock()
+_owner = os.getpid()   # a forked child does not share its parent's workers (their pipes are the parent's)
 
 
 def sandboxed() -> bool:
@@ -107,14 +108,18 @@ class _Worker:
 
 def _ask(msg: dict, field: str) -> dict:
     """The worker's reply to `msg`; GrammarError naming `field` when it dies or runs out of time."""
+    global _owner
     with _lock:
+        if _owner != os.getpid():
+            _idle.clear()
+            _owner = os.getpid()
         worker = _idle.pop() if _idle else None
     if worker is None or worker.proc.poll() is not None:
         try:
             worker = _Worker()
         except (_Died, _TimedOut, OSError) as e:
-            raise GrammarError(f"{field}: the grammar compiler could not be started ({type(e).__name__})",
-                               field) from None
+            raise GrammarError(f"{field}: the grammar compiler could not be started ({type(e).__name__})", field,
+                               f"{SANDBOX_ENV}=0 compiles grammars in this process instead") from None
     model = msg.get("model")
     try:   # (loading a vocabulary the first time is not the grammar's time)
         reply = worker.ask(msg, TIME_LIMIT if model is None or model in worker.models else TIME_LIMIT + START_LIMIT)
