@@ -166,8 +166,10 @@ def measure(layouts, prompts, ns, modes, reps: int, temp: float, seeds: int, thr
                         rs = runs[m]
                         tok = sum(r["tokens"] for r in rs)
                         t_last = sum(r["to_last_s"] for r in rs)
-                        entry = {"tokens": tok, "to_last_s": round(t_last, 4), "wall_s": round(sum(r["wall_s"] for r in rs), 4),
-                                 "tok_s": tok / t_last if t_last > 0 else 0.0, "spec": rs[0]["spec"], "draft": rs[0]["draft"],
+                        wall = sum(r["wall_s"] for r in rs)
+                        entry = {"tokens": tok, "to_last_s": round(t_last, 4), "wall_s": round(wall, 4),
+                                 "tok_s": tok / t_last if t_last > 0 else 0.0, "spec": rs[0]["spec"],
+                                 "draft": rs[0]["draft"],
                                  "diff_at": first_diff(plain_text, rs[0]["text"]) if temp == 0 else None,
                                  "text": rs[0]["text"] if temp == 0 else None}
                         cells[(lay, pid, n)][m].append(entry)
@@ -236,11 +238,11 @@ def _x(v) -> str:
 
 
 def print_table(cells: list[dict], summary: list[dict], reps: int, temp: float, seeds: int) -> None:
-    how = f"greedy, texts checked" if temp == 0 else f"--temp {temp:g}, {seeds} seeds pooled, texts not checked"
+    how = "greedy, texts checked" if temp == 0 else f"--temp {temp:g}, {seeds} seeds pooled, texts not checked"
     print(f"medians of {reps} interleaved repetition(s), {how}; tok/s = tokens / time from process start to the last "
           "token; ratios over plain in the same repetition; ! = text differs from plain")
-    head = f"{'layout':<14} {'prompt':<11} {'n':>4} {'plain':>7} {'default':>8} {'(its spec)':<34} {'best chain':<21} {'ratio':>6} {'def/best':>8}  chains"
-    print(head)
+    print(f"{'layout':<14} {'prompt':<11} {'n':>4} {'plain':>7} {'default':>8} {'(its spec)':<34} "
+          f"{'best chain':<21} {'ratio':>6} {'def/best':>8}  chains")
     for c in cells:
         m = c["modes"]
         flag = lambda k: "!" if m[k]["text_differs"] else ""   # noqa: E731
@@ -250,11 +252,13 @@ def print_table(cells: list[dict], summary: list[dict], reps: int, temp: float, 
               f"{_x(c['default_ratio']) + flag('default'):>8} {spec[:34]:<34} {(c['best_chain'] or '-'):<21} "
               f"{_x(c['best_chain_ratio']):>6} {_x(c['default_vs_best']):>8}  {chains}")
     print()
-    print(f"{'layout':<14} {'n':>4} {'default/plain':>14} {'best/plain':>11} {'default/best':>13} {'min d/p':>8} {'min d/b':>8}  (geometric means over prompts)")
+    print(f"{'layout':<14} {'n':>4} {'default/plain':>14} {'best/plain':>11} {'default/best':>13} {'min d/p':>8} "
+          f"{'min d/b':>8}  (geometric means over prompts; min: the worst prompt)")
     for s in summary:
         differ = f"  text differs: {', '.join(s['default_text_differs'])}" if s["default_text_differs"] else ""
         print(f"{s['layout']:<14} {s['n']:>4} {_x(s['default_vs_plain']):>14} {_x(s['best_chain_vs_plain']):>11} "
-              f"{_x(s['default_vs_best']):>13} {_x(s['min_default_vs_plain']):>8} {_x(s['min_default_vs_best']):>8}{differ}")
+              f"{_x(s['default_vs_best']):>13} {_x(s['min_default_vs_plain']):>8} "
+              f"{_x(s['min_default_vs_best']):>8}{differ}")
 
 
 def main() -> int:
@@ -279,14 +283,15 @@ def main() -> int:
     prompts = read_prompts(args.prompt)
 
     def progress(rep, lay, pid, n, entries):
-        parts = " ".join(f"{m}={e['tok_s']:.1f}" + ("!" if e["diff_at"] is not None else "") for m, e in entries.items())
+        parts = " ".join(f"{m}={e['tok_s']:.1f}" + ("!" if e["diff_at"] is not None else "")
+                         for m, e in entries.items())
         print(f"[rep {rep}/{args.reps}] {lay} {pid} n={n}: {parts}", file=sys.stderr, flush=True)
 
     started = time.time()
     cells = measure(layouts, prompts, ns, modes, args.reps, args.temp, args.seeds, args.threads, progress)
     summary = overall(cells)
-    result = {"layouts": {n: str(p) for n, p in layouts}, "folders": {n: sorted(x.name for x in p.parent.iterdir()
-                                                                               if x.suffix == ".gguf") for n, p in layouts},
+    folders = {n: sorted(x.name for x in p.parent.iterdir() if x.suffix == ".gguf") for n, p in layouts}
+    result = {"layouts": {n: str(p) for n, p in layouts}, "folders": folders,
               "n": ns, "reps": args.reps, "threads": args.threads, "temp": args.temp,
               "seeds": args.seeds if args.temp > 0 else None, "modes": modes, "prompts": [p for p, _ in prompts],
               "loadavg_end": [round(x, 2) for x in os.getloadavg()], "seconds": round(time.time() - started, 1),

@@ -33,8 +33,9 @@ def _log(prompt, output, n_decoded, dec_s, step_us=10_000, start_us=1_000_000):
     entries = [(start_us - 1, "none", "\n\n")] + [(start_us - 1, "none", p) for p in prompt]
     entries += [(start_us + (i + 1) * step_us, "none", p) for i, p in enumerate(output)]
     end = start_us + int(dec_s * 1e6)
+    speed = n_decoded / dec_s
     entries += [(end, "none", "\n\n"), (end, "info", "encoded    5 tokens in    0.050 seconds, speed:  100.000 t/s\n"),
-                (end, "info", f"decoded {n_decoded:4d} tokens in {dec_s:8.3f} seconds, speed: {n_decoded / dec_s:8.3f} t/s\n"),
+                (end, "info", f"decoded {n_decoded:4d} tokens in {dec_s:8.3f} seconds, speed: {speed:8.3f} t/s\n"),
                 (end, "info", "accept    = 50.000%\n"), (end, "none", "\n\n")]
     return _jsonl(*entries)
 
@@ -43,7 +44,8 @@ def _log(prompt, output, n_decoded, dec_s, step_us=10_000, start_us=1_000_000):
 
 
 def test_the_prompt_is_read_as_bytes_without_escapes_and_tokens_are_stamped(tmp_path):
-    cmd = native_command(tmp_path, tmp_path / "m.gguf", "ngram-simple", tmp_path / "p.txt", BenchSettings(threads=1, n=32))
+    settings = BenchSettings(threads=1, n=32)
+    cmd = native_command(tmp_path, tmp_path / "m.gguf", "ngram-simple", tmp_path / "p.txt", settings)
     # -bf keeps the file's bytes (-f would drop its trailing newline); --no-escape keeps "\n" two characters
     assert cmd[cmd.index("-bf") + 1] == str(tmp_path / "p.txt") and "-f" not in cmd and "-p" not in cmd
     assert "--no-escape" in cmd and "--log-jsonl" in cmd and "--log-timestamps" in cmd

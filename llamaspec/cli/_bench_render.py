@@ -38,8 +38,8 @@ def native_notes(m: "ModeSummary", n: int) -> list[str]:
         notes.append(f"{m.mode}: its text was not checked (its log has no per-token lines); "
                      "its tok/s counts every token it decoded")
     if m.n_decoded is not None and m.n_decoded > n:
-        counted = "the first" if m.identical_to_plain is not None else "all"
-        notes.append(f"{m.mode}: decoded up to {m.n_decoded} tokens for -n {n}; {counted} {n if counted == 'the first' else m.n_decoded} are counted")
+        counted = f"the first {n}" if m.identical_to_plain is not None else f"all {m.n_decoded}"
+        notes.append(f"{m.mode}: decoded up to {m.n_decoded} tokens for -n {n}; {counted} are counted")
     return notes
 
 
@@ -105,7 +105,7 @@ def run_dict(run: "PromptRun") -> dict[str, Any]:
 
 def _overall_dict(row: Any) -> dict[str, Any]:
     d = row.to_dict()
-    if row.native and row.identical_to_plain is False:   # another text on some prompt: never a speedup
+    if _other_text(row):   # another text on some prompt: never a speedup
         d.update(ratio_vs_plain=None, ratios=[None] * len(d["ratios"]), measured_ratio_other_text=row.ratio_vs_plain)
     return d
 
@@ -157,6 +157,11 @@ def _x(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return f"{100 * v:.0f}%" if v is not None else "-"
+
+
+def _other_text(m: Any) -> bool:
+    """A native row (or overall row) whose greedy text differed from ours: no speedup to report."""
+    return bool(m.native and m.identical_to_plain is False)
 
 
 def _ratio_cell(v: float | None, plain: bool, other_text: bool = False) -> str:
@@ -230,7 +235,8 @@ def _single_table(run: "PromptRun", suite: "SuiteResult"):
         plain = m.mode == "plain"
         table.add_row(
             f"[bold]{escape(m.mode)}[/bold]" if m.mode == best and not plain else escape(m.mode),
-            f"{m.tok_s:.1f}", _ratio_cell(m.ratio_vs_plain, plain, m.native and m.identical_to_plain is False), _x(m.e2e_ratio_vs_plain), *_mode_cells(m),
+            f"{m.tok_s:.1f}", _ratio_cell(m.ratio_vs_plain, plain, _other_text(m)), _x(m.e2e_ratio_vs_plain),
+            *_mode_cells(m),
             _ident(m), f"{m.overhead_ms_per_step:.3f}" if m.overhead_ms_per_step is not None else "-",
             "-" if plain else " ".join(_x(r) for r in m.ratios))
     return table
@@ -253,7 +259,8 @@ def _prompts_table(suite: "SuiteResult"):
             head = ([escape(run.target.label) if i == 0 else ""] if several else []) + [
                 escape(f"{run.prompt_id} ({run.result.prompt_tokens} tok)") if i == 0 else ""]
             table.add_row(*head, f"[bold]{escape(m.mode)}[/bold]" if m.mode == best and not plain else escape(m.mode),
-                          f"{m.tok_s:.1f}", _ratio_cell(m.ratio_vs_plain, plain, m.native and m.identical_to_plain is False), *_mode_cells(m), _ident(m))
+                          f"{m.tok_s:.1f}", _ratio_cell(m.ratio_vs_plain, plain, _other_text(m)), *_mode_cells(m),
+                          _ident(m))
     return table
 
 
@@ -281,7 +288,7 @@ def _overall_table(suite: "SuiteResult"):
             has = not plain and r.drafted > 0
             table.add_row(*([escape(t.label) if i == 0 else ""] if several else []),
                           f"[bold]{escape(r.mode)}[/bold]" if r.mode == best and not plain else escape(r.mode),
-                          f"{r.tok_s:.1f}", _ratio_cell(r.ratio_vs_plain, plain, r.native and r.identical_to_plain is False),
+                          f"{r.tok_s:.1f}", _ratio_cell(r.ratio_vs_plain, plain, _other_text(r)),
                           f"{100 * r.acceptance:.1f}%" if has else "-",
                           f"{r.mean_accepted_length:.2f}" if has and r.mean_accepted_length else "-",
                           _x(r.theory), _pct(r.of_theory), _x(r.bound), _pct(r.of_bound), ident,
@@ -318,8 +325,8 @@ def chart(suite: "SuiteResult", width: int = 40):
     for t in suite.targets:
         rows = [r for r in suite.overall(t) if r.mode != "plain"]
         title = ("overall" + (f" {t.label}" if several_t else "")) if len(suite.runs) > 1 else None
-        groups.append((title, [Bar(r.mode, None if r.native and r.identical_to_plain is False else r.ratio_vs_plain,
-                                   r.identical_to_plain) for r in rows]))
+        groups.append((title, [Bar(r.mode, None if _other_text(r) else r.ratio_vs_plain, r.identical_to_plain)
+                               for r in rows]))
     return speedup_chart(groups, width)
 
 
