@@ -39,6 +39,12 @@ def _write(stream, msg: dict) -> None:
 
 
 _VOCABS: dict[str, object] = {}
+_LOG: list[str] = []   # llama.cpp's log lines during one parse (its reason for a refusal may be there)
+
+
+def _log(level, text, data) -> None:
+    if len(_LOG) < 200:
+        _LOG.append(text.decode("utf-8", errors="replace") if text else "")
 _QUIET = None   # the log callback (kept alive)
 
 
@@ -65,6 +71,7 @@ def _parse(msg: dict) -> dict:
     gbnf, root = msg["gbnf"].encode("utf-8"), msg.get("root", "root").encode("utf-8")
     pats = [p.encode("utf-8") for p in msg.get("patterns", ())]
     toks = list(msg.get("tokens", ()))
+    _LOG.clear()
     with tempfile.TemporaryFile() as tmp:
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)
@@ -82,7 +89,7 @@ def _parse(msg: dict) -> dict:
         tmp.seek(0)
         said = tmp.read().decode("utf-8", errors="replace")
     if not ptr:
-        return {"error": parse_error(said, []) or "llama.cpp could not parse it"}
+        return {"error": parse_error(said, _LOG) or "llama.cpp could not parse it"}
     n = llama_cpp.llama_vocab_n_tokens(vocab)
     buf = np.zeros(n, dtype=np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")]))
     buf["id"] = np.arange(n, dtype=np.int32)
@@ -114,7 +121,7 @@ def main() -> None:
     import llama_cpp
 
     global _QUIET
-    _QUIET = llama_cpp.llama_log_callback(lambda level, text, data: None)
+    _QUIET = llama_cpp.llama_log_callback(_log)
     llama_cpp.llama_log_set(_QUIET, ctypes.c_void_p(0))
     _write(out, {"ready": True})
     while True:
