@@ -30,10 +30,12 @@ from llamaspec.runtime.grammar_errors import GrammarError
 TIME_LIMIT = 5.0          # seconds one conversion or parse may take
 START_LIMIT = 60.0        # seconds a worker may take to start (import llama_cpp) on a busy machine
 MAX_IDLE = 2
+MAX_WORKERS = 4           # workers at once (more callers wait their turn: a flood of grammars cannot fork-bomb)
 SANDBOX_ENV = "LLAMASPEC_GRAMMAR_SANDBOX"
 
 _idle: list["_Worker"] = []
 _lock = threading.Lock()
+_slots = threading.BoundedSemaphore(MAX_WORKERS)
 _owner = os.getpid()   # a forked child does not share its parent's workers (their pipes are the parent's)
 
 
@@ -108,6 +110,11 @@ class _Worker:
 
 def _ask(msg: dict, field: str) -> dict:
     """The worker's reply to `msg`; GrammarError naming `field` when it dies or runs out of time."""
+    with _slots:
+        return _ask_one(msg, field)
+
+
+def _ask_one(msg: dict, field: str) -> dict:
     global _owner
     with _lock:
         if _owner != os.getpid():
