@@ -95,8 +95,8 @@ def tune_pair(target_path: Path, draft_path: Path | None, *, prompts_file: Path 
         cal = calibration_prompts(target, prompts_file, chat, n, n_ctx)
         settings = BenchSettings(n=n, threads=threads, ctx=ctx, draft_path=draft_path)
         _warm_up(target, cal.tokens[0], replace(settings, n=min(n, 8)), draft_path is not None)
-        noise, cached = cached_noise(target_path, ngl, lambda: measure_noise(target, cal.tokens, n_ctx=n_ctx,
-                                                                             threads=threads))
+        noise, cached = cached_noise(target_path, ngl, threads, lambda: measure_noise(
+            target, cal.tokens, depth=max(len(t) for t in cal.tokens) + n, n_ctx=n_ctx, threads=threads))
         if on_noise:
             on_noise(noise, cached)
         judge = make_judge(target, cal.tokens, noise.bound, n_ctx=n_ctx, threads=threads)

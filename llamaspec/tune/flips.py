@@ -16,8 +16,9 @@ correct engine can take the other token; a bug diverges where they are clearly a
         two tokens the runs took (the top-2 gap at a flip of noise; the top-2 gap when a run ended
         there). `Flip.near_tie` is gap < bound.
 
-The bound is measured per model (noise on a random-weight tiny model, an F16 and a Q4_K_M differ by
-orders of magnitude), never a constant. Nothing here imports llama_cpp at module level.
+The bound is measured per model and thread count (noise on a random-weight tiny model, an F16 and a
+Q4_K_M differ by orders of magnitude; SmolLM2 Q4_1 after a 390-token prompt measured 0 with one
+thread and 0.56 with two), never a constant. Nothing here imports llama_cpp at module level.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 FACTOR = 2.0
 FLOOR = 0.01          # logits: a model without measurable noise still judges a flip this close noise
 TOP_K = 8             # the best tokens of a row whose differences to the first are compared
-N_TOKENS = 32         # tokens per prompt evaluated alone and in batches
+N_TOKENS = 24         # tokens per prompt evaluated alone and in batches
 N_PROMPTS = 3
 VERIFY_ROWS = 5       # a verify batch: the last token and a draft of 4
 
@@ -166,15 +167,24 @@ def _side_by_side(ctx, prompts: Sequence[Sequence[int]], conts: Sequence[Sequenc
 
 
 def measure_noise(target: "Model", prompts: Sequence[Sequence[int]], *, n_tokens: int = N_TOKENS,
-                  n_prompts: int = N_PROMPTS, n_ctx: int = 4096, threads: int | None = None) -> Noise:
+                  n_prompts: int = N_PROMPTS, depth: int = 0, n_ctx: int = 4096,
+                  threads: int | None = None) -> Noise:
     """Each of the first `n_prompts` prompts, then `n_tokens` of its plain greedy continuation
     evaluated alone (as plain decoding does) and again in batches: all at once, verify-sized
     (VERIFY_ROWS), and verify-sized beside a second sequence's rows (another prompt's; two
-    sequences in a unified KV cache, as --parallel). Returns the largest differences seen."""
+    sequences in a unified KV cache, as --parallel). Returns the largest differences seen.
+
+    The noise grows with the context (measured: none at all after a 45-token prompt of SmolLM2
+    Q4_1, 0.56 after 387 tokens): with `depth` (the positions a run reaches, prompt + tokens),
+    each prompt is measured a second time after a prefix that long (the prompt, then the prompts
+    again as filler; a prefix is evaluated in one batch either way, so what it says matters little)."""
     prompts = [list(p) for p in prompts[:max(1, n_prompts)] if p]
     if not prompts:
         raise ValueError("no prompt to measure batch noise on")
-    n_ctx = max(n_ctx, 2 * max(len(p) for p in prompts) + 2 * n_tokens)
+    filler = [t for p in prompts for t in p]
+    starts = [p for p in prompts]
+    starts += [(p + filler * (depth // len(filler) + 1))[:depth - n_tokens] for p in prompts if depth - n_tokens > len(p)]
+    n_ctx = max(n_ctx, 2 * (max(len(p) for p in starts) + n_tokens))
     shapes: dict[str, float] = {}
     max_abs, n_rows = 0.0, 0
     conts, alones = [], []
@@ -185,7 +195,7 @@ def measure_noise(target: "Model", prompts: Sequence[Sequence[int]], *, n_tokens
         shapes[shape] = max(shapes.get(shape, 0.0), diff)
         max_abs, n_rows = max(max_abs, big), n_rows + len(got)
 
-    for p in prompts:
+    for p in starts:
         ctx = _context(target, n_ctx, threads)
         try:
             toks, alone = _greedy(ctx, p, n_tokens)
@@ -196,11 +206,11 @@ def measure_noise(target: "Model", prompts: Sequence[Sequence[int]], *, n_tokens
             ctx.close()
         conts.append(toks)
         alones.append(alone)
-    for i in range(0, len(prompts), 2):   # two by two (the last beside the first when they are odd)
-        pair = [i, i + 1] if i + 1 < len(prompts) else [i, 0]
+    for i in range(0, len(starts), 2):   # two by two (the last beside the first when they are odd)
+        pair = [i, i + 1] if i + 1 < len(starts) else [i, 0]
         ctx = _context(target, n_ctx, threads, n_seq=2)
         try:
-            got = _side_by_side(ctx, [prompts[k] for k in pair], [conts[k] for k in pair], VERIFY_ROWS)
+            got = _side_by_side(ctx, [starts[k] for k in pair], [conts[k] for k in pair], VERIFY_ROWS)
         finally:
             ctx.close()
         for k, rows in zip(pair, got) if pair[0] != pair[1] else [(i, got[0])]:
@@ -270,10 +280,11 @@ def make_judge(target: "Model", prompts: Sequence[Sequence[int]], bound: float, 
 CACHE_NAME = "batch-noise.json"
 
 
-def cached_noise(target_path, n_gpu_layers: int | None, measure) -> tuple[Noise, bool]:
-    """The noise stored for this target file on this build and device, else `measure()` (stored
-    beside tune's store). Returns (noise, whether it came from the store). A cache that cannot be
-    read or written only costs a measurement."""
+def cached_noise(target_path, n_gpu_layers: int | None, threads: int | None, measure) -> tuple[Noise, bool]:
+    """The noise stored for this target file, thread count, build and device, else `measure()`
+    (stored beside tune's store). Returns (noise, whether it came from the store). A cache that
+    cannot be read or written only costs a measurement. (The thread count is part of the key:
+    SmolLM2 Q4_1 after a 390-token prompt measured 0 with one thread, 0.56 with two.)"""
     import json
     import os
     import tempfile
@@ -284,7 +295,7 @@ def cached_noise(target_path, n_gpu_layers: int | None, measure) -> tuple[Noise,
     path = config_dir() / CACHE_NAME
     ident = file_identity(target_path)
     key = "/".join([ident.edges, str(ident.size), str(ident.mtime_ns), build_identity().id,
-                    device_identity(n_gpu_layers).id])
+                    device_identity(n_gpu_layers).id, f"t{threads or 0}"])
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
         return Noise.from_dict(entries[key]), True
