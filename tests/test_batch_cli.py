@@ -132,27 +132,55 @@ def test_killed_and_resumed_job_has_every_id_once_and_the_uninterrupted_text(tin
     assert set(got) == set(want) == {f"p{i}" for i in range(30)}
     differ = [k for k in want if got[k]["text"] != want[k]["text"]]
     # A resumed job pairs other sequences in its batches: a flip where the target's two best logits
-    # are nearly tied is float noise (README); anything else is a bug. (measured: gaps ~2e-4)
-    for k in differ:
-        assert _near_tie_gap(tiny_models["target"], PROMPTS[int(k[1:])], got[k]["text"], want[k]["text"]) < 0.01, k
+    # are closer than llama.cpp's batch noise on it is float noise (README); anything else is a bug.
+    # (the bound was a constant 0.01 here, and a flip at 0.053 was once read on a loaded machine: read
+    # at the wrong token, as retokenized text of byte tokens is not the generated tokens)
+    print(_judge_resumed(tiny_models["target"], {k: (want[k]["text"], got[k]["text"]) for k in differ}))
     assert len(differ) <= 3, differ
 
 
-def _near_tie_gap(model: Path, prompt: str, a: str, b: str) -> float:
-    """The target's top-2 logit gap where plain greedy decoding reaches the first character at
-    which texts a and b part."""
-    from engine_helpers import top2_gap
+def _judge_resumed(model: Path, texts: dict[str, tuple[str, str]], max_tokens: int = 160) -> list[str]:
+    """id -> (uninterrupted text, resumed text) of records that differ. Both must be plain greedy
+    decoding's text up to its first near-tie: a token whose top-2 logit gap is below the batch noise
+    measured on this model at these settings (llamaspec/tune/flips.py: one thread, two sequences,
+    this deep; a bound measured, not a constant); from there a batch shape may take the other
+    token. A text of this random model is mostly byte tokens, written as U+FFFD: it cannot be
+    retokenized or replayed, so plain decoding's own tokens are the reference (engine_helpers.
+    plain_path). Raises AssertionError on a real divergence; returns a note per record."""
+    from engine_helpers import plain_path
 
-    part = next(i for i in range(min(len(a), len(b)) + 1) if i == min(len(a), len(b)) or a[i] != b[i])
-    with Generator(model, spec_type="none", temperature=0, max_tokens=160, threads=1) as g:
-        prompt_tokens = g.tokenize(prompt)
-        tokens = g.generate(prompt).tokens
+    from llamaspec.tune.flips import measure_noise
+
+    notes = []
+    with Generator(model, spec_type="none", temperature=0, max_tokens=max_tokens, threads=1) as g:
+        g.generate(PROMPTS[0])
         target = g.pipeline.target
-        text, j = "", 0
-        while j < len(tokens) and len(text) + len(target.token_text(tokens[j])) <= part:
-            text += target.token_text(tokens[j])
-            j += 1
-        return top2_gap(target, prompt_tokens, tokens[:j])
+        sample = [g.tokenize(p) for p in PROMPTS[:3]]
+        noise = measure_noise(target, sample, depth=max(map(len, sample)) + max_tokens, n_ctx=4096, threads=1)
+        for k, (want, got) in texts.items():
+            prompt = PROMPTS[int(k[1:])]
+            plain = g.generate(prompt)
+            path = plain_path(target, g.tokenize(prompt), plain.text, plain.tokens, noise.bound,
+                              ended=len(plain.tokens) < max_tokens, n_ctx=4096)
+            where = (f"plain decoding's first near-tie (token {path.near_tie}, top-2 gap {path.gap:.3g} < bound "
+                     f"{noise.bound:.3g})" if path.near_tie is not None else
+                     f"the end (no top-2 gap below the noise bound {noise.bound:.3g})")
+            for name, text in (("uninterrupted", want), ("resumed", got)):
+                assert text.startswith(path.sure), (f"{k}: the {name} text leaves plain decoding's text before {where}: "
+                                                    f"a real divergence\n{text!r}\n{path.sure!r}")
+            assert path.near_tie is not None, f"{k}: the texts differ where plain decoding has no near-tie: a real divergence"
+            notes.append(f"{k}: the texts part after {where}")
+    return notes
+
+
+def test_the_resumed_text_judge_fails_on_a_real_divergence(tiny_models):
+    """The judge above, shown failing: a record whose text leaves plain decoding before a near-tie."""
+    with Generator(tiny_models["target"], spec_type="none", temperature=0, max_tokens=160, threads=1) as g:
+        text = g.generate(PROMPTS[28]).text
+    assert _judge_resumed(tiny_models["target"], {"p28": (text, text[:-1] + "#")})   # parting after a near-tie: allowed
+    corrupt = text[:2] + ("#" if text[2] != "#" else "$") + text[3:]
+    with pytest.raises(AssertionError, match="p28: the resumed text leaves plain decoding's text before .* a real divergence"):
+        _judge_resumed(tiny_models["target"], {"p28": (text, corrupt)})
 
 
 def test_progress_lines_and_summary_without_a_terminal(run_cli, tiny_models, tmp_path, monkeypatch):
