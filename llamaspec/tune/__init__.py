@@ -6,5 +6,6 @@ store.py     tune.json in the user's config directory; `lookup(target, draft)` f
 measure.py   runs paired with plain decoding, the spread check (pure rules, made-up timings in tests)
 sweep.py     the search (successive halving against plain decoding), testable without timing
 calibrate.py the real runs (bench's run_mode on the calibration prompts)
+flips.py     llama.cpp's batch noise measured on the target, and a flip judged against it
 apply.py     a stored configuration merged with the settings a generation was given
 """

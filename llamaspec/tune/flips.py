@@ -8,8 +8,10 @@ correct engine can take the other token; a bug diverges where they are clearly a
 
     measure_noise(target, prompts)  evaluates the first tokens of plain greedy decoding alone, then
         the same tokens in batches of several shapes (one batch, verify-sized batches, beside a
-        second sequence's rows): `Noise.max_diff` is the largest |logit difference| seen,
-        `Noise.bound` = max(FLOOR, FACTOR * max_diff), the gap under which a flip is noise.
+        second sequence's rows): `Noise.diff` is the largest change seen of a difference between
+        a row's best logit and one of the next best (what moves a greedy choice; a shift of the
+        whole row moves none), `Noise.bound` = max(FLOOR, FACTOR * diff), the gap under which a
+        flip is noise.
     judge_flip(target, prompt, plain, other, bound)  at the first token where `other` leaves
         `plain`, the target's logits after the prompt and plain's tokens before it, evaluated as
         plain decoding does (the prompt in one batch, then token by token): the gap between the
@@ -108,16 +110,21 @@ def _context(target: "Model", n_ctx: int, threads: int | None, n_seq: int = 1):
     return Context(target, ContextConfig(n_ctx=n_ctx * n_seq, n_threads=threads, n_seq_max=n_seq))
 
 
-def plain_rows(ctx, prompt: Sequence[int], tokens: Sequence[int], seq_id: int = 0) -> "np.ndarray":
+def plain_rows(ctx, prompt: Sequence[int], tokens: Sequence[int], seq_id: int = 0,
+               last_only: bool = False) -> "np.ndarray":
     """Logits rows as plain decoding computes them: the prompt in one batch (its last row), then
-    each of `tokens` alone (its row). Returns len(tokens) + 1 rows; row i predicts tokens[i]."""
+    each of `tokens` alone (its row). Returns len(tokens) + 1 rows; row i predicts tokens[i]
+    (last_only: the last row alone, shape (1, n_vocab): a 150k vocabulary is 1.2 MB a row)."""
     import numpy as np
 
     n = ctx.decode(list(prompt), 0, seq_id, "last")
     rows = [ctx.logits(n)[0].astype(np.float64)]
     for j, t in enumerate(tokens):
         n = ctx.decode([int(t)], len(prompt) + j, seq_id, "last")
-        rows.append(ctx.logits(n)[0].astype(np.float64))
+        if last_only and j < len(tokens) - 1:
+            continue
+        row = ctx.logits(n)[0].astype(np.float64)
+        rows = [row] if last_only else rows + [row]
     return np.stack(rows)
 
 
@@ -247,7 +254,7 @@ def judge_flip(target: "Model", prompt: Sequence[int], plain: Sequence[int], oth
     b = int(other[i]) if i < len(other) else None
     ctx = _context(target, max(n_ctx, len(prompt) + i + 1), threads)
     try:
-        row = plain_rows(ctx, prompt, plain[:i])[-1]
+        row = plain_rows(ctx, prompt, plain[:i], last_only=True)[-1]
     finally:
         ctx.close()
     if a is not None and b is not None:
