@@ -187,3 +187,29 @@ def test_reading_the_prompt_with_f_would_be_caught(run_cli, tiny_models, fake_na
     info = _native(run_cli, tiny_models, bin_dir, "-p", "Tell me about the sea.", "--json").json()
     assert not any(m["native"] for m in info["results"])
     assert any("decoded another prompt than ours" in n for n in info["notes"]), info["notes"]
+
+
+def test_a_real_jsonl_log_of_the_tool(smollm2_q4):
+    """The real tool's --log-jsonl output (tests/fixtures/native/README.md): its echo of the prompt
+    is our tokenization of the file, escapes untouched and the final newline kept, and of the 17
+    tokens it decoded for -n 16, 16 are counted."""
+    from llamaspec.bench.native import pieces
+    from llamaspec.runtime.llama import Model
+
+    logs = Path(__file__).parent / "fixtures" / "native"
+    log = parse_output((logs / "ngram-simple-jsonl.stdout.log").read_text(),
+                       (logs / "ngram-simple-jsonl.stderr.log").read_text())
+    text = (logs / "prompt-escapes.txt").read_text()
+    assert text.endswith("assistant\n") and 'print("a\\nb")' in text and log.prompt_bytes == len(text.encode())
+    m = Model(smollm2_q4)   # the F16's vocabulary
+    try:
+        prompt = pieces(m, m.tokenize_prompt(text))
+    finally:
+        m.close()
+    assert log.echoed[:len(prompt)] == prompt
+    out = log.echoed[len(prompt):]
+    assert (log.n_decoded, len(out), log.acceptance) == (17, 17, None)
+    assert "".join(out).startswith('print("a\\nb")')
+    r = native_row(log, "native ngram-simple", 16, prompt, out[:16])
+    assert (r.n, r.n_decoded, r.identical) == (16, 17, True)
+    assert r.tps == pytest.approx(16 / ((log.times_us[len(prompt) + 15] - (log.decoded_at_us - 77.308e6)) / 1e6))
