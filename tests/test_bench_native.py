@@ -162,6 +162,7 @@ def test_a_native_row_whose_text_differs_is_flagged_not_counted(run_cli, tiny_mo
     assert nat["ratio_vs_plain"] is None and nat["e2e_ratio_vs_plain"] is None and nat["ratios"] == [None]
     assert nat["measured_ratio_other_text"] > 0 and nat["top2_gap"] >= 0
     assert info["best"]["mode"] != "native ngram-simple"
+    assert info["all_identical"] is True   # about our modes; the native row says its own
     assert any("differs from ours at token 5" in n and "no ratio" in n for n in info["notes"]), info["notes"]
     assert "text differs from ours at token 5" in r.stderr and "near-tie flips" not in r.stderr
     assert info["overall"][0]["results"][-1]["ratio_vs_plain"] is None

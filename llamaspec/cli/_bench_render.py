@@ -95,7 +95,7 @@ def _best(mode: Any) -> dict[str, Any]:
 
 def run_dict(run: "PromptRun") -> dict[str, Any]:
     res = run.result
-    checked = [m for m in res.summaries if m.identical_to_plain is not None]
+    checked = [m for m in res.summaries if m.identical_to_plain is not None and not m.native]   # ours
     return {"model": run.target.ref, "model_path": str(run.target.path), "prompt_id": run.prompt_id,
             "prompt": run.source, "chat": run.chat, "prompt_tokens": res.prompt_tokens,
             "results": [m.to_dict() for m in res.summaries], "best": _best(res.best),
