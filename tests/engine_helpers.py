@@ -5,6 +5,8 @@ slightly different logits for a token evaluated in a batch of k than alone (meas
 SmolLM2 F16 with a 440-token context: up to 0.08 in a logit; Q4_1: up to 1.05). So a greedy run
 may flip where the target's two best logits are nearly tied. The criterion: identical tokens, or
 at the first differing position a top-2 logit gap below `eps`. A bug diverges at clear margins.
+The noise of a model, measured (what `tune` judges flips by): llamaspec.tune.flips.measure_noise;
+`plain_path` for texts of byte tokens (a random-weight model's), which cannot be retokenized.
 """
 
 from __future__ import annotations
@@ -98,7 +100,6 @@ def same_text_or_near_tie(target: Model, prompt: list[int], reference: str, got:
     a, b = (target.tokenize(t, add_special=False, parse_special=False) for t in (reference, got))
     n = min(len(a), len(b))
     return assert_lossless(target, prompt, a[:n], b[:n], eps, label)
-
 
 
 @dataclass

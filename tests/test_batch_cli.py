@@ -166,9 +166,10 @@ def _judge_resumed(model: Path, texts: dict[str, tuple[str, str]], max_tokens: i
                      f"{noise.bound:.3g})" if path.near_tie is not None else
                      f"the end (no top-2 gap below the noise bound {noise.bound:.3g})")
             for name, text in (("uninterrupted", want), ("resumed", got)):
-                assert text.startswith(path.sure), (f"{k}: the {name} text leaves plain decoding's text before {where}: "
-                                                    f"a real divergence\n{text!r}\n{path.sure!r}")
-            assert path.near_tie is not None, f"{k}: the texts differ where plain decoding has no near-tie: a real divergence"
+                assert text.startswith(path.sure), (f"{k}: the {name} text leaves plain decoding's text before "
+                                                    f"{where}: a real divergence\n{text!r}\n{path.sure!r}")
+            assert path.near_tie is not None, (f"{k}: the texts differ where plain decoding has no near-tie: "
+                                               f"a real divergence")
             notes.append(f"{k}: the texts part after {where}")
     return notes
 
@@ -179,7 +180,8 @@ def test_the_resumed_text_judge_fails_on_a_real_divergence(tiny_models):
         text = g.generate(PROMPTS[28]).text
     assert _judge_resumed(tiny_models["target"], {"p28": (text, text[:-1] + "#")})   # parting after a near-tie: allowed
     corrupt = text[:2] + ("#" if text[2] != "#" else "$") + text[3:]
-    with pytest.raises(AssertionError, match="p28: the resumed text leaves plain decoding's text before .* a real divergence"):
+    real = "p28: the resumed text leaves plain decoding's text before .* a real divergence"
+    with pytest.raises(AssertionError, match=real):
         _judge_resumed(tiny_models["target"], {"p28": (text, corrupt)})
 
 

@@ -190,7 +190,8 @@ def measure_noise(target: "Model", prompts: Sequence[Sequence[int]], *, n_tokens
         raise ValueError("no prompt to measure batch noise on")
     filler = [t for p in prompts for t in p]
     starts = [p for p in prompts]
-    starts += [(p + filler * (depth // len(filler) + 1))[:depth - n_tokens] for p in prompts if depth - n_tokens > len(p)]
+    starts += [(p + filler * (depth // len(filler) + 1))[:depth - n_tokens] for p in prompts
+               if depth - n_tokens > len(p)]
     n_ctx = max(n_ctx, 2 * (max(len(p) for p in starts) + n_tokens))
     shapes: dict[str, float] = {}
     max_abs, n_rows = 0.0, 0
