@@ -181,6 +181,15 @@ def test_enum_values_with_a_backslash_are_escaped_as_json():
     assert '"\\"a\\\\\\\\b\\""' in gbnf
 
 
+def test_non_ascii_names_and_values_stay_raw_characters():
+    """As before the backslash fix: the characters themselves, not the escapes json.dumps writes."""
+    gbnf = schema_to_gbnf({"type": "object", "properties": {"café": {"enum": ["thé", "x\u0001"]}},
+                           "required": ["café"]})
+    assert '"\\"café\\""' in gbnf and '"\\"thé\\""' in gbnf
+    assert '"\\"x\\\\u0001\\""' in gbnf   # a control character stays a JSON escape
+    assert '"\\"é' in schema_to_gbnf({"enum": [f"é{i}" for i in range(20)]})
+
+
 def test_a_large_enum_is_a_radix_tree():
     gbnf = schema_to_gbnf({"enum": [f"item-{i}" for i in range(1000)]})
     assert max(len(line) for line in gbnf.splitlines()) < 400 and "root-e" in gbnf

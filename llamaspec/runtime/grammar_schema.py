@@ -200,6 +200,18 @@ def _converter_class():
             self._same[(esc, rule)] = key
             return key
 
+        def _format_literal(self, literal):
+            """A JSON string's text as GBNF, with its non-ASCII characters raw ("café", not
+            "caf\\u00e9": json.dumps escapes them, and a model writes them as they are)."""
+            if len(literal) > 1 and literal[0] == literal[-1] == '"' and "\\u" in literal:
+                try:
+                    text = json.dumps(json.loads(literal), ensure_ascii=False)
+                    text.encode("utf-8")   # (a lone surrogate stays escaped)
+                    literal = text
+                except (ValueError, UnicodeEncodeError):
+                    pass
+            return super()._format_literal(literal)
+
         def _resolve_ref(self, ref):
             name = self._ref_names.get(ref)
             if name is None:
@@ -224,7 +236,8 @@ def _converter_class():
             if (isinstance(values, list) and len(values) >= 16 and not isinstance(schema.get("type"), list)
                     and not any(k in schema for k in ("$ref", "anyOf", "oneOf", "const"))):
                 rule_name = name + "-" if name in mod.RESERVED_NAMES else name or "root"
-                return self._enum_tree(rule_name, list(dict.fromkeys(json.dumps(v) for v in values)))
+                texts = (json.dumps(v, ensure_ascii=False) for v in values)
+                return self._enum_tree(rule_name, list(dict.fromkeys(t for t in texts if _utf8(t))))
             return super().visit(schema, name)
 
         def _enum_tree(self, rule_name: str, texts: list[str]) -> str:
@@ -255,14 +268,22 @@ def _converter_class():
                 i += 1
             names: dict[int, str] = {}
             for k in range(len(nodes) - 1, -1, -1):
-                body = " | ".join(self._format_literal(lit) + (f" {names[c]}" if c is not None else "")
-                                  for lit, c in alts[k])
+                raw = mod.SchemaConverter._format_literal   # (pieces of JSON texts, written as they are)
+                body = " | ".join(raw(self, lit) + (f" {names[c]}" if c is not None else "") for lit, c in alts[k])
                 if ends[k]:
                     body = "| " + body
                 names[k] = self._add_rule(rule_name if k == 0 else f"{rule_name}-e{k}", body)
             return names[0]
 
     return Converter
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:   # a lone surrogate: such a value cannot be written
+        return False
 
 
 _CONVERTER = None
