@@ -92,6 +92,19 @@ def test_the_server_bodies_are_400s_naming_the_field():
     assert e.value.param == "grammar" or "nests" in e.value.message
 
 
+def test_batch_lines_and_the_python_api_share_the_bounds():
+    from llamaspec.constraints import grammar_of
+    from llamaspec.openai.requests import structured_fields
+
+    with pytest.raises(RequestError) as e:
+        structured_fields({"json_schema": HOSTILE["100000 enum values"]}, chat=False)
+    assert e.value.param == "json_schema"
+    with pytest.raises(GrammarError, match="nests"):
+        grammar_of("root ::= " + "(" * 60_000 + '"a"' + ")" * 60_000, None)
+    with pytest.raises(GrammarError, match="properties"):
+        grammar_of(None, HOSTILE["50000 colliding properties"], schema_field="-j/--json-schema")
+
+
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}}}}
 

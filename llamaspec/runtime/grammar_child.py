@@ -54,6 +54,7 @@ def _vocab(path: str):
     if path not in _VOCABS:
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
+        params.use_mmap = False   # (no tensors are read; a mapping of the whole file would count against RLIMIT_AS)
         model = llama_cpp.llama_model_load_from_file(path.encode(), params)
         if not model:
             raise RuntimeError(f"could not load the vocabulary of {path}")
