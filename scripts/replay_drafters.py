@@ -42,7 +42,7 @@ from llamaspec.speculative.drafters.chain import ChainDrafter
 from llamaspec.speculative.drafters.prompt_lookup import PromptLookupDrafter
 from llamaspec.speculative.drafters.suffix import SuffixDrafter
 from llamaspec.speculative.options import MAX_DRAFT
-from llamaspec.speculative.match_controller import MatchController
+from llamaspec.speculative.match_controller import MatchController, count_steps
 
 DRAFTERS = {
     "prompt-lookup": lambda eog: PromptLookupDrafter(size_m=MAX_DRAFT, is_stop=eog.__contains__),
@@ -83,6 +83,7 @@ def replay(make, prompt: list[int], out: list[int], curve: dict[int, float], k_m
             acc += 1
         new = out[pos:pos + acc + 1]
         seconds = T1 * cost(len(toks) + 1) if learn_costs else None
+        count_steps(ctls)
         for name, ctl in ctls.items():   # as the engine: the author learns, the others see the cost
             if not toks:
                 ctl.observe(0, 0, verify_seconds=seconds)

@@ -14,7 +14,7 @@ from llamaspec.speculative.controller import DraftLengthController
 from llamaspec.speculative.costs import CostModel
 from llamaspec.speculative.drafters.prompt_lookup import PromptLookupDrafter
 from llamaspec.speculative.match_controller import (CopyEvidence, CopyStats, MatchController, agreement_bucket,
-                                                    best_length, expected_tokens)
+                                                    best_length, count_steps, expected_tokens)
 
 # the 2-core EPYC's measured verify curve, t(n)/t(1) (MEASURED.md), and a GPU-like flat one
 EPYC = {1: 1.0, 2: 1.90, 4: 2.27, 8: 3.36, 16: 5.07, 32: 8.88, 64: 15.15}
@@ -93,11 +93,43 @@ def _controller(curve, n_max: int = 63, **kw) -> MatchController:
 
 def test_controller_drafts_long_inside_a_copy_and_nothing_after_weak_matches():
     mc = _controller(EPYC, probe_every=1000)
+    mc.risk.saved = 100.0   # inside a copy that has paid: the loss budget (next test) allows any length
     assert mc.choose(2) == 0                     # p(2) = 0.4: a 1-token draft costs 1.9 steps
     assert mc.choose(CopyEvidence(40, [0.995] * 63)) >= 40
     assert mc.choose(CopyEvidence(40, [0.995] * 5)) == 5      # no more copy than the source has
     assert mc.choose(CopyEvidence(40, [0.995] * 6 + [0.01] + [0.995] * 20)) == 6
     assert mc.n_max == 63 and mc.n_pauses == 1
+
+
+def test_first_drafts_risk_little_and_grow_with_what_drafting_saved():
+    mc = _controller(EPYC, probe_every=1000)
+    strong = CopyEvidence(40, [0.995] * 63)
+    assert mc.choose(strong) == 1            # nothing saved yet: a failure may cost C(1) - 1 = 0.9 steps
+    for _ in range(6):                       # six 1-token drafts accepted: 2 tokens for 1.9 steps each
+        mc.observe(1, 1)
+    # 0.6 saved: a draft may now risk 1.6 steps, t(5)/t(1) - 1 = 1.54 on this curve (t(6): 1.82)
+    assert mc.risk.saved == pytest.approx(0.6) and mc.choose(strong) == 4
+    mc.risk.saved = 30.0
+    assert mc.choose(strong) >= 40           # a copy that paid drafts as long as the evidence says
+    # on a GPU-like flat curve even a first draft is long: its failure costs a fifth of a step
+    assert _controller({1: 1.0, 2: 1.01, 64: 1.2}).choose(strong) == 63
+
+
+def test_drafting_that_always_fails_loses_at_most_the_budget():
+    """Never slower: on a steep curve (Qwen2.5-Coder-1.5B on 2 cores) with confident evidence that is
+    always wrong, the steps lost stay within base + share of the steps, plus one draft."""
+    qwen = {1: 1.0, 2: 1.79, 4: 2.96, 8: 4.87, 16: 5.78, 32: 10.1, 64: 20.0}
+    mc = _controller(qwen, probe_every=1000)
+    lost = steps = 0.0
+    for _ in range(400):
+        k = mc.choose(CopyEvidence(8, [0.97] * 63))
+        count_steps({"m": mc})
+        mc.observe(k, 0)
+        cost = mc.cost.verify_ratio(k) if k else 1.0
+        lost += cost - 1.0
+        steps += cost
+    assert lost <= mc.risk.base + mc.risk.share * 400 + (_interp(qwen, 2) - 1.0)
+    assert 400 / steps >= 0.96   # >= 0.97x plain but for the one draft past the budget
 
 
 def test_controller_probes_a_declined_match_length_within_its_budget():
@@ -165,6 +197,7 @@ def test_a_token_the_text_refused_to_copy_ends_later_drafts():
     src = [1, 2, 3, 4, 5, 6, 99, 7, 8, 11, 12, 13, 14, 15, 99, 16, 17]
     d = _drafter(src + [0])
     mc = _controller(EPYC, probe_every=1000)
+    mc.risk.saved = 100.0   # sizing only: the loss budget is the next tests'
     limit = lambda dr, match=None: mc.choose(match)  # noqa: E731
     h = src + [0, 1, 2, 3]
     draft = d.propose_within(0, h, limit)

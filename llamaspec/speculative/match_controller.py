@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 from llamaspec.speculative.controller import CostModel, DraftLengthController
 
 __all__ = ["AGREEMENT_EDGES", "PRIOR_CONTINUE", "agreement_bucket", "best_length", "expected_tokens",
-           "CopyEvidence", "CopyStats", "MatchController"]
+           "CopyEvidence", "CopyStats", "MatchController", "RiskBudget", "count_steps"]
 
 # Agreement lengths are pooled into buckets by these upper edges (and one bucket past the last).
 AGREEMENT_EDGES = (2, 3, 5, 8, 16, 32, 64)
@@ -101,6 +101,59 @@ def best_length(probs: Sequence[float], verify: Sequence[float], draft_ratio: fl
     return best_k, best_r
 
 
+class RiskBudget:
+    """How long a draft may be so that drafting never costs more than plain decoding by more than
+    a small margin: a draft that fails at once costs C(k) - 1 steps for nothing, so a step may
+    risk only what drafting has saved so far (the steps saved: tokens yielded - steps paid, over
+    the drafted steps), plus `base` steps, plus `share` of the steps taken. On a steep verify
+    curve (Qwen2.5-Coder-1.5B on 2 CPU cores: t(16)/t(1) = 5.8) a copy that turns out to be the
+    wrong place costs nearly 5 steps; before anything is saved the first drafts stay short, and
+    inside a copy that keeps paying they grow as long as the controller wants.
+
+    One budget per controller of a sequence (each copying member of a chain has its own: a shared
+    one let one member's early loss stop the other for the rest of a run, in replays of Qwen2.5-
+    Coder-1.5B's code edits 0.99x against 1.18x); the controller reports its drafts (`observe`),
+    the sequence counts every step once (`count_steps`). Replayed with learnt costs on four code
+    edits each (scripts/replay_drafters.py), base 1 and share 0.03 against no budget: Qwen 1.5B
+    on its steep curve 2.27 / 1.18 / 0.98 / 1.47x against 2.27 / 1.13 / 0.90 / 1.55x, SmolLM2 F16
+    2.89 / 2.04 / 2.04 / 2.48x against 2.84 / 2.07 / 2.08 / 2.37x.
+
+        >>> r = RiskBudget(base=1.0, share=0.0)
+        >>> verify = [1.0, 1.8, 2.4, 3.0, 3.5]         # t(k+1)/t(1), k = 0..4
+        >>> r.longest(verify, 0.0, 4)                 # C(1) - 1 = 0.8 <= 1.0 < C(2) - 1
+        1
+        >>> r.observe(1, 1, 1.8); r.saved             # 2 tokens for 1.8 steps
+        0.2
+        >>> r.observe(1, 1, 1.8); r.observe(1, 1, 1.8); r.longest(verify, 0.0, 4)   # 0.6 saved
+        2
+    """
+
+    def __init__(self, base: float = 1.0, share: float = 0.03):
+        self.base = base          # steps any sequence may lose to drafting
+        self.share = share        # and this fraction of its steps (0.03: >= 0.97x plain, the issue's floor)
+        self.saved = 0.0          # steps saved by drafting so far (negative: lost)
+        self.steps = 0
+
+    def allowance(self) -> float:
+        return self.base + self.share * self.steps + self.saved
+
+    def longest(self, verify: Sequence[float], draft_ratio: float, k_max: int) -> int:
+        """The longest k <= k_max whose outright failure stays within the allowance."""
+        room = self.allowance()
+        k = 0
+        while k < k_max and k + 1 < len(verify) and verify[k + 1] + draft_ratio * (k + 1) - 1.0 <= room + 1e-9:
+            k += 1
+        return k
+
+    def observe(self, n_drafted: int, n_accepted: int, cost: float) -> None:
+        """A drafted step: `cost` its price in one-token steps, C(k)."""
+        if n_drafted > 0:
+            self.saved = round(self.saved + (n_accepted + 1) - cost, 9)
+
+    def count_step(self) -> None:
+        self.steps += 1
+
+
 class CopyEvidence(int):
     """A match length (the int) that also carries the drafter's own continuation probabilities
     for the positions of the draft it would copy (`probs`; prompt-lookup: it sees every step's
@@ -158,7 +211,7 @@ class MatchController:
 
     def __init__(self, make: Callable[[CostModel, float], DraftLengthController], cost: CostModel | None = None, *,
                  stats: CopyStats | None = None, min_gain: float = 1.05, probe_every: int = 32,
-                 probe_budget: float = 0.03):
+                 probe_budget: float = 0.03, risk: RiskBudget | None = None):
         self.cost = cost if cost is not None else CostModel()
         self.fallback = make(self.cost, 0.6)
         self.n_min, self.n_max = self.fallback.n_min, self.fallback.n_max
@@ -170,6 +223,7 @@ class MatchController:
         self._last: int | None = None   # match of the draft sized by the last choose() (None: fallback)
         self.n_pauses = 0               # drafts declined (a plain step where a copy was found)
         self.n_probes = 0
+        self.risk = risk if risk is not None else RiskBudget()
 
     def choose(self, match: int | None = None) -> int:
         if match is None:
@@ -182,7 +236,13 @@ class MatchController:
         probs = list(given[:self.n_max]) if given is not None else self.stats.probs(match, self.n_max)
         if not probs:
             return 0
-        k, rate = best_length(probs, self.cost.verify_ratios(len(probs)), self.cost.draft_ratio, self.n_min)
+        verify = self.cost.verify_ratios(len(probs))
+        # never slower: a draft risks at most what drafting has saved so far plus a small budget
+        cap = self.risk.longest(verify, self.cost.draft_ratio, len(probs))
+        if cap < self.n_min:
+            self.n_pauses += 1
+            return 0
+        k, rate = best_length(probs[:cap], verify, self.cost.draft_ratio, self.n_min)
         if rate >= self.min_gain:
             self._declined[agreement_bucket(match)] = 0
             return k
@@ -212,6 +272,8 @@ class MatchController:
         if draft_seconds is not None and n_drafted > 0:
             self.cost.observe_draft(n_drafted, draft_seconds)
         if n_drafted > 0:
+            self.risk.observe(n_drafted, n_accepted, self.cost.verify_ratio(n_drafted) + self.cost.draft_ratio * n_drafted)
+        if n_drafted > 0:
             if n_accepted > n_drafted:
                 raise ValueError(f"accepted {n_accepted} > drafted {n_drafted}")
             if not hasattr(self._last, "probs"):  # else the drafter keeps the statistics
@@ -223,3 +285,9 @@ class MatchController:
     @property
     def paused(self) -> bool:
         return self.fallback.paused
+
+
+def count_steps(ctls) -> None:
+    """One step of a sequence, counted once in each risk budget its controllers share."""
+    for risk in {id(r): r for c in ctls.values() if (r := getattr(c, "risk", None)) is not None}.values():
+        risk.count_step()

@@ -16,6 +16,7 @@ from llamaspec.runtime.grammar import GrammarSpec
 from llamaspec.runtime.llama import DecodeClock
 from llamaspec.speculative.constrained import Constraints
 from llamaspec.speculative.controller import DraftLengthController
+from llamaspec.speculative.match_controller import count_steps
 from llamaspec.speculative.drafters.base import Draft
 from llamaspec.speculative.logprobs import TokenLogprob
 from llamaspec.speculative.metrics import SpecStats
@@ -325,6 +326,7 @@ def _observe(ctls: dict[str, DraftLengthController], draft: Draft, n_acc: int, *
     only the target's step cost; after a plain step every controller sees it as one."""
     if not ctls:
         return
+    count_steps(ctls)
     n = len(draft)
     author = ctls.get(draft.source) if n else None
     if n and author is None and len(ctls) == 1:
