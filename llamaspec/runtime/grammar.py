@@ -266,7 +266,7 @@ def _compile(model, spec: GrammarSpec):
     from llamaspec.runtime.llama import _LOG_TAIL
 
     gbnf, root = spec.gbnf.encode("utf-8"), spec.root.encode("utf-8")
-    with _STDERR_LOCK, _native_stderr(capture=not _verified(spec)) as said:
+    with _STDERR_LOCK, _native_stderr(capture=not _verified(spec, model)) as said:
         _LOG_TAIL.clear()
         if spec.lazy:
             pats = [p.encode("utf-8") for p in spec.trigger_patterns]
@@ -292,15 +292,15 @@ _STDERR_LOCK = threading.Lock()
 _VERIFIED: dict[bytes, None] = {}   # digests of the grammars that compiled in a worker (oldest first)
 
 
-def _key(spec: GrammarSpec) -> bytes:
+def _key(spec: GrammarSpec, model) -> bytes:
     import hashlib
 
-    return hashlib.sha256(json.dumps([spec.gbnf, spec.root, spec.trigger_patterns, spec.trigger_tokens]).encode(
-        "utf-8", "surrogatepass")).digest()
+    fields = [str(getattr(model, "path", "")), spec.gbnf, spec.root, spec.trigger_patterns, spec.trigger_tokens]
+    return hashlib.sha256(json.dumps(fields).encode("utf-8", "surrogatepass")).digest()
 
 
-def _verified(spec: GrammarSpec) -> bool:
-    return _key(spec) in _VERIFIED
+def _verified(spec: GrammarSpec, model) -> bool:
+    return _key(spec, model) in _VERIFIED
 
 
 class _native_stderr:
@@ -344,7 +344,7 @@ def check_grammar(model, spec: GrammarSpec) -> None:
     first, then (sandbox on, a model loaded from a file) in a worker process, only then here."""
     grammar_bounds.check_gbnf(spec.gbnf, spec.field)
     path = getattr(model, "path", None)
-    key = _key(spec)
+    key = _key(spec, model)
     if grammar_worker.sandboxed() and path is not None and key not in _VERIFIED:
         grammar_worker.check_parses(path, spec.gbnf, spec.root, spec.trigger_patterns, spec.trigger_tokens,
                                     spec.field)
