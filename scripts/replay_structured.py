@@ -75,13 +75,14 @@ def measure(model_path: str, job: Path, threads: int) -> str:
     return ",".join(f"{n}:{r:.2f}" for n, r in curve.items())
 
 
-def replay_one(target, drafter, trace: dict, cost, k_max: int, verbose: bool):
+def replay_one(target, drafter, trace: dict, cost, k_max: int, verbose: bool, risks: dict | None = None):
     """(verify steps, modelled cost in one-token steps, per-source [drafted, accepted, cut])."""
     from llamaspec.runtime.grammar import grammar_from_schema, GrammarState
     from llamaspec.speculative.controller import DraftLengthController
     from llamaspec.speculative.costs import CostModel
-    from llamaspec.speculative.match_controller import MatchController
+    from llamaspec.speculative.match_controller import MatchController, RiskBudget, count_steps
 
+    risks = {} if risks is None else risks   # as the engine: each drafter's budget outlives a request
     prompt, out = list(trace["prompt"]), list(trace["out"])
     state = GrammarState(target, grammar_from_schema(trace["schema"]))
     grammars = {0: state}
@@ -92,7 +93,8 @@ def replay_one(target, drafter, trace: dict, cost, k_max: int, verbose: bool):
             return DraftLengthController(n_min=1, n_max=k_max, cost=c, prior_alpha=prior, resume_tokens=resume)
         # learnt from each step's replayed time, as the engine learns them from measured ones
         c = CostModel(draft_ratio_prior=m.measured_cost)
-        ctls[m.name] = MatchController(make, c) if m.sizes_by_match else make(c)
+        ctls[m.name] = (MatchController(make, c, risk=risks.setdefault(m.name, RiskBudget()))
+                        if m.sizes_by_match else make(c))
     drafter.begin(0, prompt, np.random.default_rng(0))
     # the first token comes from the prompt's own decode
     state.accept(out[0])
@@ -121,6 +123,7 @@ def replay_one(target, drafter, trace: dict, cost, k_max: int, verbose: bool):
             s[1] += acc
             s[2] += cut
         seconds = T1 * cost(len(toks) + 1)
+        count_steps(ctls)
         for name, ctl in ctls.items():
             if not toks:
                 ctl.observe(0, 0, verify_seconds=seconds)
@@ -189,12 +192,13 @@ def main() -> None:
     tot_tokens = tot_steps = 0
     tot_cost = 0.0
     per: dict[str, Counter] = {}
+    risks: dict = {}
     for tr in traces:
         if a.only and not tr["id"].startswith(a.only):
             continue
         if a.verbose:
             print(f"{tr['id']}: {target.detokenize(tr['out'])}")
-        steps, spent, p = replay_one(target, drafter, tr, cost, a.k_max, a.verbose)
+        steps, spent, p = replay_one(target, drafter, tr, cost, a.k_max, a.verbose, risks)
         tot_tokens += len(tr["out"])
         tot_steps += steps
         tot_cost += spent

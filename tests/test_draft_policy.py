@@ -14,7 +14,7 @@ from llamaspec.speculative.controller import DraftLengthController
 from llamaspec.speculative.costs import CostModel
 from llamaspec.speculative.drafters.prompt_lookup import PromptLookupDrafter
 from llamaspec.speculative.match_controller import (CopyEvidence, CopyStats, MatchController, agreement_bucket,
-                                                    best_length, count_steps, expected_tokens)
+                                                    RiskBudget, best_length, count_steps, expected_tokens)
 
 # the 2-core EPYC's measured verify curve, t(n)/t(1) (MEASURED.md), and a GPU-like flat one
 EPYC = {1: 1.0, 2: 1.90, 4: 2.27, 8: 3.36, 16: 5.07, 32: 8.88, 64: 15.15}
@@ -92,8 +92,8 @@ def _controller(curve, n_max: int = 63, **kw) -> MatchController:
 
 
 def test_controller_drafts_long_inside_a_copy_and_nothing_after_weak_matches():
-    mc = _controller(EPYC, probe_every=1000)
-    mc.risk.saved = 100.0   # inside a copy that has paid: the loss budget (next test) allows any length
+    mc = _controller(EPYC, probe_every=1000, risk=RiskBudget(base=100.0, bank=100.0))   # a copy that has paid:
+    # the loss budget (next test) allows any length
     assert mc.choose(2) == 0                     # p(2) = 0.4: a 1-token draft costs 1.9 steps
     assert mc.choose(CopyEvidence(40, [0.995] * 63)) >= 40
     assert mc.choose(CopyEvidence(40, [0.995] * 5)) == 5      # no more copy than the source has
@@ -108,8 +108,10 @@ def test_first_drafts_risk_little_and_grow_with_what_drafting_saved():
     for _ in range(6):                       # six 1-token drafts accepted: 2 tokens for 1.9 steps each
         mc.observe(1, 1)
     # 0.6 saved: a draft may now risk 1.6 steps, t(5)/t(1) - 1 = 1.54 on this curve (t(6): 1.82)
-    assert mc.risk.saved == pytest.approx(0.6) and mc.choose(strong) == 4
-    mc.risk.saved = 30.0
+    assert mc.risk.allowance() == pytest.approx(1.6) and mc.choose(strong) == 4
+    for _ in range(10):                      # ten 4-token drafts accepted in full: 5 tokens for 2.54 steps
+        mc.observe(4, 4)
+    assert mc.risk.allowance() == mc.risk.bank == 16.0   # savings banked up to 16 steps of risk
     assert mc.choose(strong) >= 40           # a copy that paid drafts as long as the evidence says
     # on a GPU-like flat curve even a first draft is long: its failure costs a fifth of a step
     assert _controller({1: 1.0, 2: 1.01, 64: 1.2}).choose(strong) == 63
@@ -129,6 +131,7 @@ def test_drafting_that_always_fails_loses_at_most_the_budget():
         lost += cost - 1.0
         steps += cost
     assert lost <= mc.risk.base + mc.risk.share * 400 + (_interp(qwen, 2) - 1.0)
+    assert lost > 0.5 * mc.risk.share * 400   # it keeps probing with what the budget allows
     assert 400 / steps >= 0.96   # >= 0.97x plain but for the one draft past the budget
 
 
@@ -196,8 +199,7 @@ def test_a_token_the_text_refused_to_copy_ends_later_drafts():
     line): once a confident copy broke there, the next copy through a 99 stops just before it."""
     src = [1, 2, 3, 4, 5, 6, 99, 7, 8, 11, 12, 13, 14, 15, 99, 16, 17]
     d = _drafter(src + [0])
-    mc = _controller(EPYC, probe_every=1000)
-    mc.risk.saved = 100.0   # sizing only: the loss budget is the next tests'
+    mc = _controller(EPYC, probe_every=1000, risk=RiskBudget(base=100.0, bank=100.0))   # sizing only
     limit = lambda dr, match=None: mc.choose(match)  # noqa: E731
     h = src + [0, 1, 2, 3]
     draft = d.propose_within(0, h, limit)

@@ -31,7 +31,7 @@ import numpy as np
 
 from llamaspec.speculative.controller import CostModel, DraftLengthController
 from llamaspec.speculative.costs import marginal_charges
-from llamaspec.speculative.match_controller import MatchController
+from llamaspec.speculative.match_controller import MatchController, RiskBudget
 from llamaspec.speculative.sequence import (  # noqa: F401  (GenerationConfig & co. are the engine's API too)
     _NO_DRAFT,
     Generation,
@@ -87,6 +87,8 @@ class SpecEngine:
         self.prompt_cache: PromptCache | None = None
         # Times of whole multi-sequence batches: the curve that prices each sequence's draft rows.
         self._batch_cost = CostModel()
+        # Each copying drafter's loss budget, kept across sequences (match_controller.RiskBudget).
+        self._risk: dict[str, RiskBudget] = {}
         # The live grammar state of each sequence generating under one (seq_id -> GrammarState,
         # advanced by the emitted tokens only): drafters read it to cut or make drafts.
         self.grammars: dict = {}
@@ -236,7 +238,8 @@ class SpecEngine:
                 slope = CostModel().default_slope
                 cost = CostModel(verify_ratio_fn=lambda k, s=slope: (1.0 + s * (k + 1)) / (1.0 + s),
                                  draft_ratio_value=d.cost_hint)
-            ctls[d.name] = MatchController(make, cost) if d.sizes_by_match else make(cost)
+            ctls[d.name] = (MatchController(make, cost, risk=self._risk.setdefault(d.name, RiskBudget()))
+                            if d.sizes_by_match else make(cost))
         return ctls
 
     def _plan_together(self, seqs: list["SequenceRun"], k_max: int, drafter: Drafter) -> list[tuple[list[int], int, int]]:

@@ -104,42 +104,47 @@ def best_length(probs: Sequence[float], verify: Sequence[float], draft_ratio: fl
 class RiskBudget:
     """How long a draft may be so that drafting never costs more than plain decoding by more than
     a small margin: a draft that fails at once costs C(k) - 1 steps for nothing, so a step may
-    risk only what drafting has saved so far (the steps saved: tokens yielded - steps paid, over
-    the drafted steps), plus `base` steps, plus `share` of the steps taken. On a steep verify
-    curve (Qwen2.5-Coder-1.5B on 2 CPU cores: t(16)/t(1) = 5.8) a copy that turns out to be the
-    wrong place costs nearly 5 steps; before anything is saved the first drafts stay short, and
-    inside a copy that keeps paying they grow as long as the controller wants.
+    risk only its allowance: `base` steps, plus `share` of the steps taken, plus what drafting has
+    saved (tokens yielded - steps paid, over the drafted steps; a loss takes it back), at most
+    `bank` steps at any time (a long-lived server must not bank a thousand steps of savings and
+    then lose them on one request). On a steep verify curve (Qwen2.5-Coder-1.5B on 2 CPU cores:
+    t(16)/t(1) = 5.8) a copy that turns out to be the wrong place costs nearly 5 steps; before
+    anything is saved the first drafts stay short, and drafts that keep paying grow as long as the
+    controller wants.
 
-    One budget per controller of a sequence (each copying member of a chain has its own: a shared
-    one let one member's early loss stop the other for the rest of a run, in replays of Qwen2.5-
-    Coder-1.5B's code edits 0.99x against 1.18x); the controller reports its drafts (`observe`),
-    the sequence counts every step once (`count_steps`). Replayed with learnt costs on four code
-    edits each (scripts/replay_drafters.py), base 1 and share 0.03 against no budget: Qwen 1.5B
-    on its steep curve 2.27 / 1.18 / 0.98 / 1.47x against 2.27 / 1.13 / 0.90 / 1.55x, SmolLM2 F16
-    2.89 / 2.04 / 2.04 / 2.48x against 2.84 / 2.07 / 2.08 / 2.37x.
+    One budget per drafter of an engine, kept across its sequences (what earlier requests of a
+    batch job or a server saved, a later one may risk: a short JSON record cannot earn a long
+    copy's risk by itself); the controller reports its drafts (`observe`), each sequence counts its
+    steps once (`count_steps`). Replayed with learnt costs on four code edits each
+    (scripts/replay_drafters.py), against no budget: Qwen 1.5B 2.27 / 1.18 / 0.98 / 1.47x against
+    2.27 / 1.13 / 0.90 / 1.55x, SmolLM2 F16 2.89 / 2.04 / 2.04 / 2.48x against 2.84 / 2.07 / 2.08 /
+    2.37x.
 
         >>> r = RiskBudget(base=1.0, share=0.0)
         >>> verify = [1.0, 1.8, 2.4, 3.0, 3.5]         # t(k+1)/t(1), k = 0..4
         >>> r.longest(verify, 0.0, 4)                 # C(1) - 1 = 0.8 <= 1.0 < C(2) - 1
         1
-        >>> r.observe(1, 1, 1.8); r.saved             # 2 tokens for 1.8 steps
-        0.2
+        >>> r.observe(1, 1, 1.8); r.allowance()       # 2 tokens for 1.8 steps
+        1.2
         >>> r.observe(1, 1, 1.8); r.observe(1, 1, 1.8); r.longest(verify, 0.0, 4)   # 0.6 saved
         2
+        >>> for _ in range(100): r.observe(4, 4, 3.5)   # a long copy: 150 steps saved, 16 kept
+        >>> r.allowance()
+        16.0
     """
 
-    def __init__(self, base: float = 1.0, share: float = 0.03):
-        self.base = base          # steps any sequence may lose to drafting
-        self.share = share        # and this fraction of its steps (0.03: >= 0.97x plain, the issue's floor)
-        self.saved = 0.0          # steps saved by drafting so far (negative: lost)
-        self.steps = 0
+    def __init__(self, base: float = 1.0, share: float = 0.03, bank: float = 16.0):
+        self.base = base          # steps any drafter may lose before it has saved any
+        self.share = share        # and this fraction of the steps taken (0.03: >= 0.97x plain)
+        self.bank = bank          # the most risk held at once, in steps
+        self._room = base         # the allowance now
 
     def allowance(self) -> float:
-        return self.base + self.share * self.steps + self.saved
+        return round(self._room, 9)
 
     def longest(self, verify: Sequence[float], draft_ratio: float, k_max: int) -> int:
         """The longest k <= k_max whose outright failure stays within the allowance."""
-        room = self.allowance()
+        room = self._room
         k = 0
         while k < k_max and k + 1 < len(verify) and verify[k + 1] + draft_ratio * (k + 1) - 1.0 <= room + 1e-9:
             k += 1
@@ -148,10 +153,10 @@ class RiskBudget:
     def observe(self, n_drafted: int, n_accepted: int, cost: float) -> None:
         """A drafted step: `cost` its price in one-token steps, C(k)."""
         if n_drafted > 0:
-            self.saved = round(self.saved + (n_accepted + 1) - cost, 9)
+            self._room = min(self.bank, self._room + (n_accepted + 1) - cost)
 
     def count_step(self) -> None:
-        self.steps += 1
+        self._room = min(self.bank, self._room + self.share)
 
 
 class CopyEvidence(int):
