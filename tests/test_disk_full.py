@@ -108,7 +108,7 @@ def test_tune_store_disk_full_keeps_the_previous_store(tiny_models, tmp_path, mo
                   limit=len(before) + 16)
     one_line_failure(r, f"disk full writing {config_dir / 'tune.json'}", "as they were")
     assert (config_dir / "tune.json").read_bytes() == before
-    assert sorted(p.name for p in config_dir.iterdir()) == ["tune.json"]
+    assert sorted(p.name for p in config_dir.iterdir()) in (["tune.json"], ["batch-noise.json", "tune.json"])  # (tune caches the measured batch noise beside it)
     # forget rewrites the store too
     store.save(tiny_models["target"], None, store.TunedConfig("ngram-simple", ratio=1.2))
     before = (config_dir / "tune.json").read_bytes()
