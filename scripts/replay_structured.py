@@ -93,8 +93,8 @@ def replay_one(target, drafter, trace: dict, cost, k_max: int, verbose: bool, ri
             return DraftLengthController(n_min=1, n_max=k_max, cost=c, prior_alpha=prior, resume_tokens=resume)
         # learnt from each step's replayed time, as the engine learns them from measured ones
         c = CostModel(draft_ratio_prior=m.measured_cost)
-        ctls[m.name] = (MatchController(make, c, risk=risks.setdefault(m.name, RiskBudget()))
-                        if m.sizes_by_match else make(c))
+        risk = risks.setdefault(m.name, RiskBudget()) if m.bounded_risk else RiskBudget.unbounded()
+        ctls[m.name] = MatchController(make, c, risk=risk) if m.sizes_by_match else make(c)
     drafter.begin(0, prompt, np.random.default_rng(0))
     # the first token comes from the prompt's own decode
     state.accept(out[0])

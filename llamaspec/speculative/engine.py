@@ -238,8 +238,8 @@ class SpecEngine:
                 slope = CostModel().default_slope
                 cost = CostModel(verify_ratio_fn=lambda k, s=slope: (1.0 + s * (k + 1)) / (1.0 + s),
                                  draft_ratio_value=d.cost_hint)
-            ctls[d.name] = (MatchController(make, cost, risk=self._risk.setdefault(d.name, RiskBudget()))
-                            if d.sizes_by_match else make(cost))
+            risk = self._risk.setdefault(d.name, RiskBudget()) if d.bounded_risk else RiskBudget.unbounded()
+            ctls[d.name] = MatchController(make, cost, risk=risk) if d.sizes_by_match else make(cost)
         return ctls
 
     def _plan_together(self, seqs: list["SequenceRun"], k_max: int, drafter: Drafter) -> list[tuple[list[int], int, int]]:

@@ -139,6 +139,10 @@ class RiskBudget:
         self.bank = bank          # the most risk held at once, in steps
         self._room = base         # the allowance now
 
+    @classmethod
+    def unbounded(cls) -> "RiskBudget":
+        return cls(base=math.inf, share=0.0, bank=math.inf)
+
     def allowance(self) -> float:
         return round(self._room, 9)
 

@@ -100,6 +100,8 @@ class Drafter(ABC):
     #: True when drafts carry `Draft.match`: the engine then sizes them per match length
     #: (match_controller.py)
     sizes_by_match: bool = False
+    # a copying drafter's drafts are held to a loss budget (match_controller.RiskBudget)
+    bounded_risk: bool = True
     #: True when drafts are copied from earlier text by context matches (the n-gram types,
     #: prompt-lookup, suffix): they stop where a grammar copy drafter holds (`Draft.hold`)
     copies: bool = False
