@@ -223,31 +223,34 @@ class _Reader:
         # are shown to users, so such bytes become U+FFFD there.
         return self.take(n).decode("utf-8", errors=errors)
 
-    def strings(self, count: int) -> list[str]:
-        """A string array; the hot loop for 100k+ token vocabularies, so it works on the buffer."""
+    def strings(self, count: int, decode: bool = True) -> list[str]:
+        """A string array; the hot loop for 100k+ token vocabularies, so it works on the buffer.
+        decode=False walks over the strings (lengths and room checked) and gives a SkippedStrings."""
         out: list[str] = []
         append = out.append
         unpack = U64.unpack_from
-        while len(out) < count:
+        done = 0
+        while done < count:
             buf, pos, end = self.buf, self.pos, len(self.buf)
-            while len(out) < count and pos + 8 <= end:
+            while done < count and pos + 8 <= end:
                 n = unpack(buf, pos)[0]
                 stop = pos + 8 + n
                 if stop > end:
                     break
-                append(buf[pos + 8:stop].decode("utf-8", errors="surrogateescape"))
-                pos = stop
+                if decode:
+                    append(buf[pos + 8:stop].decode("utf-8", errors="surrogateescape"))
+                pos, done = stop, done + 1
             self.pos = pos
-            if len(out) < count:
+            if done < count:
                 # Need at least the next length prefix, and the whole next string once known.
                 need = 8
                 if pos + 8 <= end:
                     need = 8 + unpack(buf, pos)[0]
                     if need > _MAX_STRING and self.size is None:
-                        raise self.corrupt(f"string {len(out)} of {need - 8} bytes")
-                    self._room(need - 8, f"string {len(out)} of the array", self.offset)
+                        raise self.corrupt(f"string {done} of {need - 8} bytes")
+                    self._room(need - 8, f"string {done} of the array", self.offset)
                 self._fill(need)
-        return out
+        return out if decode else SkippedStrings(count)
 
     def value(self, vtype: int, decode: bool = True) -> Any:
         """A value of type `vtype`; decode=False walks over a string array's strings (lengths and
@@ -270,31 +273,13 @@ class _Reader:
                 raise self.corrupt(f"array of {count} items", at)
             self._room(count * item, f"the array of {count:,} items", at)
             if etype == T_STRING:
-                return self.strings(count) if decode else self._skip_strings(count, at)
+                return self.strings(count, decode)
             arr = array.array(_ARRAY_CODES[etype])
             arr.frombytes(self.take(count * arr.itemsize))
             if sys.byteorder != "little":
                 arr.byteswap()
             return arr
         raise self.corrupt(f"unknown value type {vtype}", self.offset - 4)
-
-    def _skip_strings(self, count: int, at: int) -> "SkippedStrings":
-        unpack, done = U64.unpack_from, 0
-        while done < count:
-            buf, pos, end = self.buf, self.pos, len(self.buf)
-            while done < count and pos + 8 <= end:
-                stop = pos + 8 + unpack(buf, pos)[0]
-                if stop > end:
-                    break
-                pos, done = stop, done + 1
-            self.pos = pos
-            if done < count:
-                need = 8 + unpack(buf, pos)[0] if pos + 8 <= end else 8
-                if need > _MAX_STRING and self.size is None:
-                    raise self.corrupt(f"string {done} of {need - 8} bytes", at)
-                self._room(need - 8, f"string {done} of the array", self.offset)
-                self._fill(need)
-        return SkippedStrings(count)
 
     @property
     def offset(self) -> int:

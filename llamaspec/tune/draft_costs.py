@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 from llamaspec.pairing.draft_value import K_MAX, DraftCosts
 from llamaspec.tune import store
@@ -36,23 +35,13 @@ def store_path() -> Path:
 def measured(target: str | os.PathLike[str], draft: str | os.PathLike[str],
              n_gpu_layers: int | None = None) -> DraftCosts | None:
     """The costs last measured for this pair on this build and device, or None."""
-    path = store_path()
-    if not path.exists():
-        return None
+    cfg = store.lookup(target, draft, n_gpu_layers, path=store_path())
+    d = cfg.measured.get("draft_costs") if cfg is not None else None
     try:
-        key = store.current_key(target, draft, n_gpu_layers)
-    except OSError:
+        return DraftCosts(float(d["cost_ratio"]), tuple(float(x) for x in d["verify"]), float(d["acceptance"]),
+                          "measured", f"measured here {cfg.date} over {d.get('drafts', '?')} drafts")
+    except (TypeError, KeyError, ValueError):
         return None
-    for e in reversed(store.read_entries(path)):
-        if e.same_key(key):
-            d = e.config.measured.get("draft_costs")
-            try:
-                return DraftCosts(float(d["cost_ratio"]), tuple(float(x) for x in d["verify"]),
-                                  float(d["acceptance"]), "measured",
-                                  f"measured here {e.config.date} over {d.get('drafts', '?')} drafts")
-            except (TypeError, KeyError, ValueError):
-                return None
-    return None
 
 
 def record(target: str | os.PathLike[str], draft: str | os.PathLike[str], costs: DraftCosts, *,
@@ -60,22 +49,10 @@ def record(target: str | os.PathLike[str], draft: str | os.PathLike[str], costs:
     """Store `costs` for the pair (replacing an earlier measurement). Best effort: a store that
     cannot be written costs a warning, never the run's output."""
     try:
-        key = store.current_key(target, draft, n_gpu_layers)
-        d: dict[str, Any] = costs.to_dict()
-        d["drafts"] = drafts
-        key.config = store.TunedConfig("draft-simple", measured={"draft_costs": d})
-        key.config.created = _now()
-        path = store_path()
-        entries = [e for e in store.read_entries(path) if not e.same_key(key)] + [key]
-        store.write_entries(entries, path)
+        config = store.TunedConfig("draft-simple", measured={"draft_costs": {**costs.to_dict(), "drafts": drafts}})
+        store.save(target, draft, config, n_gpu_layers, path=store_path())
     except OSError as e:
         log.warning("could not store the draft's measured costs (%s)", e)
-
-
-def _now() -> str:
-    from datetime import datetime, timezone
-
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
 def from_controller(ctl, previous: DraftCosts | None = None) -> tuple[DraftCosts, int] | None:

@@ -195,22 +195,23 @@ def current_key(target_path: str | os.PathLike[str], draft_path: str | os.PathLi
 
 
 def save(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, config: TunedConfig,
-         n_gpu_layers: int | None = None) -> Entry:
-    """Store `config` for this pair, build and device (replacing an older one); returns the entry."""
+         n_gpu_layers: int | None = None, path: Path | None = None) -> Entry:
+    """Store `config` for this pair, build and device (replacing an older one); returns the entry.
+    path: another store file of the same format (draft_costs.py's)."""
     if not config.created:
         config.created = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
     entry = current_key(target_path, draft_path, n_gpu_layers)
     entry.config = config
-    entries = [e for e in read_entries() if not e.same_key(entry)] + [entry]
-    write_entries(entries)
+    entries = [e for e in read_entries(path) if not e.same_key(entry)] + [entry]
+    write_entries(entries, path)
     return entry
 
 
 def lookup(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None = None,
-           n_gpu_layers: int | None = None) -> TunedConfig | None:
+           n_gpu_layers: int | None = None, path: Path | None = None) -> TunedConfig | None:
     """The stored configuration for this target and draft (None: no draft model) on this llama.cpp
     build and device; None when nothing matches (or a file changed since it was tuned)."""
-    path = store_path()
+    path = path or store_path()
     if not path.exists():   # the common case costs one stat
         return None
     entries = read_entries(path)
