@@ -15,6 +15,7 @@ u64 offset). Strings are u64 length + UTF-8 bytes; arrays are u32 element type +
 from __future__ import annotations
 
 import array
+import copy
 import os
 import struct
 import sys
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from llamaspec.errors import ModelFileError
+from llamaspec.gguf.file_memo import memo
 from llamaspec.gguf.checks import corrupt as _corrupt, _data_start, check_metadata, data_end
 
 GGUF_MAGIC = b"GGUF"
@@ -368,6 +370,12 @@ def read_file(path: str | os.PathLike[str]) -> GGUFHeader:
         raise ModelFileError(f"model file not found: {p}", "check the path, or give a Hub reference org/repo:QUANT")
     if p.is_dir():
         raise ModelFileError(f"{p} is a directory, not a GGUF file", "give the path of a .gguf file")
+    header = copy.copy(memo("header", [p], lambda: _read_path(p)))   # (a copy: callers may set file_size)
+    header.source = str(p)   # the path as given (a symlink's folder is where its siblings are)
+    return header
+
+
+def _read_path(p: Path) -> GGUFHeader:
     size = p.stat().st_size
     with open(p, "rb") as f:
         return read_header(f, source=str(p), file_size=size)

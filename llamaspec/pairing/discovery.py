@@ -33,6 +33,7 @@ from typing import Iterable, Iterator
 
 from llamaspec.errors import LlamaspecError
 from llamaspec.gguf.drafts import kind_of_arch
+from llamaspec.gguf.file_memo import memo
 from llamaspec.gguf.header import GGUF_MAGIC, GGUFHeader, read_file
 from llamaspec.gguf.peek import Peek, TargetTokens, light_header, peek, target_tokens
 from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
@@ -329,16 +330,25 @@ def scan(target: GGUFHeader, roots: Iterable[Root], *, target_path: str | os.Pat
         if why is None and cand.draft_kind == "draft-simple" and is_mtp_sidecar_name(found.path.name):
             why = "MTP heads of another model (an mtp-*.gguf sidecar that is not a Gemma 4 assistant)"
         if why is None:
-            try:
-                if raw is False:
-                    raw = target_tokens(target) if os.path.isfile(target.source) else None
-                header = (light_header(found.path, raw) if raw else None) or read_file(found.path)
-                cand.verdict = check_headers(target, header, target_vocab=tv)
-                cand.n_params, cand.file_type = header.n_params, header.file_type
-                cand.draft_kind = cand.verdict.draft_kind   # dflash: DFlash or DSpark by its tensors
-                why = header.missing_data()   # a cut file has a good header but cannot draft
-            except LlamaspecError as exc:
-                why = exc.message
+            def compare(path=found.path) -> tuple:
+                nonlocal raw
+                try:
+                    if raw is False:
+                        raw = target_tokens(target) if os.path.isfile(target.source) else None
+                    header = (light_header(path, raw) if raw else None) or read_file(path)
+                    verdict = check_headers(target, header, target_vocab=tv)
+                    # a cut file has a good header but cannot draft; dflash: DFlash or DSpark by its tensors
+                    return verdict, header.n_params, header.file_type, verdict.draft_kind, header.missing_data()
+                except LlamaspecError as exc:
+                    return None, None, None, cand.draft_kind, exc.message
+
+            # the same two files give the same verdict: a second run in this folder reads neither
+            local = os.path.isfile(target.source)
+            verdict, n_params, file_type, kind, why = (
+                memo("pair-verdict", [target.source, found.path], compare) if local else compare())
+            cand.verdict, cand.draft_kind = verdict, kind
+            if verdict is not None:
+                cand.n_params, cand.file_type = n_params, file_type
         cand.skipped = why
         out.append(cand)
     return out
