@@ -88,8 +88,8 @@ class OpenAIMethods:
     @staticmethod
     def _chunks(chunks: Chunks, stream) -> Iterator[dict]:
         yield from chunks.first()
-        for text in stream:
-            yield from chunks.text(text, stream.logprobs)
+        for text, logprobs in stream.with_logprobs():
+            yield from chunks.text(text, logprobs)
         yield from chunks.end(stream.result)
 
 

@@ -15,6 +15,7 @@ raises UsageError, and a second stream in the same thread is refused while this 
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from llamaspec.errors import GenerationInterrupted
@@ -42,34 +43,42 @@ class TextStream:
         return None if rules is None else rules.logprobs
 
     def __iter__(self) -> Iterator[str]:
+        return self._start(False)
+
+    def with_logprobs(self) -> Iterator[tuple[str, list | None]]:
+        """Iterate as (piece, logprobs of the tokens whose text ends in it, or None) instead:
+        the OpenAI chunks' pairs (a token's logprob never rides with another piece's text)."""
+        return self._start(True)
+
+    def _start(self, pairs: bool):
         if self._started:
             raise RuntimeError("a TextStream can be iterated once")
         self._started = True
-        return self._run()
+        return self._run(pairs)
 
-    def _run(self) -> Iterator[str]:
+    def _run(self, pairs: bool):
         from llamaspec.speculative.sequence import SequenceRun
 
-        pieces: list[str] = []
+        pieces: deque = deque()
 
-        def collect(piece: str, from_draft: bool, source: str) -> None:
-            pieces.append(piece)
+        def collect(piece: str, from_draft: bool, source: str, logprobs) -> None:
+            pieces.append((piece, logprobs) if pairs else piece)
             if self._on_text is not None:
                 self._on_text(piece, from_draft, source)
 
         self._owner.acquire()
         try:
-            self._seq = SequenceRun(self._engine, 0, self._tokens, self._config, collect)
+            self._seq = SequenceRun(self._engine, 0, self._tokens, self._config, None, collect)
             yield from self._steps(self._seq, pieces)
         finally:
             self._owner.release()
 
-    def _steps(self, seq, pieces: list[str]) -> Iterator[str]:
+    def _steps(self, seq, pieces: deque):
         try:
             seq.start()
             while True:
                 while pieces:
-                    yield pieces.pop(0)
+                    yield pieces.popleft()
                 self._owner.check()   # close() was called while the stream was open
                 if seq.done:
                     break

@@ -2,8 +2,9 @@
 `stream=True`: text pieces in, chunks out, with the pieces' logprobs and, when the request
 offered tools, the tool streamer's deltas (content and tool_calls pieces as OpenAI sends them).
 
-A chunk carries the logprobs of the tokens generated since the previous chunk; the final chunk
-carries the rest (text held back for a stop string comes later than its tokens' logprobs).
+A chunk carries the logprobs of the tokens whose text ends in its piece (the engine hands each
+piece over with them: speculative/output.py); the final chunk carries the rest (the tokens of a
+stop string, whose text is never sent).
 """
 
 from __future__ import annotations
@@ -37,10 +38,9 @@ class Chunks:
         return [oa_resp.chat_chunk(**self.ids, role=True, include_usage=self.usage)] if self.chat else []
 
     def text(self, piece: str, logprobs: Sequence[Any] | None = None) -> list[dict]:
-        """The chunks of a new text piece; logprobs: every token's so far (the new ones are sent)."""
-        new = None if logprobs is None else list(logprobs[self.sent:])
-        self.sent += len(new or ())
-        lp = self._logprobs(new)
+        """The chunks of a new text piece; logprobs: those of the tokens whose text ends in it."""
+        self.sent += len(logprobs or ())
+        lp = self._logprobs(logprobs)
         if not self.chat:
             out = [oa_resp.completion_chunk(**self.ids, text=piece, include_usage=self.usage, logprobs=lp)]
             self.offset += len(piece)
@@ -48,7 +48,7 @@ class Chunks:
         if self.tools is None:
             return [oa_resp.chat_chunk(**self.ids, content=piece, include_usage=self.usage, logprobs=lp)]
         deltas = self.tools.push(piece)
-        if not deltas and lp is not None:   # (the text is held back: its logprobs go now anyway)
+        if not deltas and logprobs:   # (the text is held back: its logprobs go now anyway)
             deltas = [{}]
         return [oa_resp.chat_chunk(**self.ids, delta=d, include_usage=self.usage, logprobs=lp if i == 0 else None)
                 for i, d in enumerate(deltas)]

@@ -230,3 +230,8 @@ class Utf8Stream:
 
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)
+
+    @property
+    def pending(self) -> int:
+        """1 while bytes of a character not finished are held back, else 0."""
+        return int(bool(self._dec.getstate()[0]))

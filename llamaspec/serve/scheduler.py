@@ -3,7 +3,7 @@ thread-safe). HTTP handlers hand it `Job`s through a queue and get events back t
 `emit` (which posts into the handler's asyncio queue):
 
     ("accepted", n_prompt)           the request is valid and waits for a slot
-    ("text", piece, logprobs)        streamed text, and the tokens' logprobs so far (or None)
+    ("text", piece, logprobs)        streamed text, and the logprobs of its tokens (or None)
     ("done", Result, cache_n)        finished; cache_n prompt tokens came from the slot's KV cache
     ("error", status, message, param, code)
 
@@ -288,8 +288,8 @@ class Scheduler:
                 slot, shared = pick_slot(self.engine._cached, self.parallel, self._active, self._last_used,
                                          job.tokens)
                 swap_in(self.prompt_cache, self.engine, slot, job.tokens, shared)
-                on_text = self._text_sink(job) if job.stream else None
-                seq = job.seq = SequenceRun(self.engine, slot, job.tokens, job.config, on_text)
+                on_piece = self._text_sink(job) if job.stream else None
+                seq = job.seq = SequenceRun(self.engine, slot, job.tokens, job.config, None, on_piece)
                 seq.start() if self.prefill is None else seq.begin()   # begin: its prompt comes in chunks
             except LlamaspecError as e:   # cannot run (the context): this request fails, the rest go on
                 self._drop(slot, seq)
@@ -306,16 +306,15 @@ class Scheduler:
     def _text_sink(self, job: Job):
         """The streamed-text callback of `job`'s sequence (called inside the shared step): a
         failure here is the job's, kept for the next reap, never the step's."""
-        def on_text(piece: str, from_draft: bool, source: str) -> None:
+        def on_piece(piece: str, from_draft: bool, source: str, logprobs) -> None:
             if job.error is not None:
                 return
             try:
                 fault_point(job, "text")
-                rules = job.seq.rules if job.seq is not None else None   # (logprobs: up to the last step)
-                job.emit(("text", piece, None if rules is None else rules.logprobs))
+                job.emit(("text", piece, logprobs))   # (logprobs: a list of its own, never changed)
             except Exception as e:  # noqa: BLE001
                 job.error = e
-        return on_text
+        return on_piece
 
     def _drop(self, slot: int | None, seq: "SequenceRun | None") -> None:
         """Free a slot whose sequence failed: its KV and drafter state go (best effort: a failure

@@ -22,7 +22,7 @@ from llamaspec.speculative.logprobs import TokenLogprob
 from llamaspec.speculative.metrics import SpecStats
 from llamaspec.speculative.output import EogSet as _EogSet  # noqa: F401  (the engine's)
 from llamaspec.speculative.output import Output as _Output
-from llamaspec.speculative.output import StopReason, StopStrings, TextCallback  # noqa: F401
+from llamaspec.speculative.output import PieceCallback, StopReason, StopStrings, TextCallback  # noqa: F401
 from llamaspec.speculative.sampling_params import SamplingParams, seed_entropy
 from llamaspec.speculative.prefix import common_prefix
 
@@ -53,10 +53,11 @@ class Generation:
 
 class SequenceRun:
     """One sequence being generated: its history, KV position, random streams, controllers,
-    statistics and output. The engine calls start(), then plan() / settle() once per step."""
+    statistics and output. The engine calls start(), then plan() / settle() once per step.
+    on_text gets the text as it comes; on_piece (instead) the text with its tokens' logprobs."""
 
     def __init__(self, engine, seq_id: int, prompt_tokens: Sequence[int], config: GenerationConfig,
-                 on_text: TextCallback | None):
+                 on_text: TextCallback | None, on_piece: PieceCallback | None = None):
         # engine: the SpecEngine that owns the target context and the drafter
         target = engine.target
         self.engine, self.seq_id, self.config = engine, seq_id, config
@@ -69,7 +70,9 @@ class SequenceRun:
         self.ctls = engine._controllers(config, reproducible=self.params.seed is not None
                                         and not self.params.greedy)
         engine.last_controllers = self.ctls
-        self.out = _Output(target, config.max_tokens, config.stop, on_text)
+        if on_piece is None and on_text is not None:
+            on_piece = lambda text, from_draft, source, _lps: on_text(text, from_draft, source)  # noqa: E731
+        self.out = _Output(target, config.max_tokens, config.stop, on_piece)
         self.done = False
         self.n_past = 0
         self._draft = _NO_DRAFT
@@ -175,6 +178,7 @@ class SequenceRun:
         self.done = self.config.max_tokens <= 0 or self.out.emit([first], 0, "")
         if self.rules is not None:
             self.rules.emitted(row[None, :], [first], 0, len(self.out.tokens))
+        self._deliver()
         self.history.append(first)
         if eng.drafter is not None:
             eng.drafter.accepted(self.seq_id, 0, [first], is_other=True)
@@ -249,6 +253,7 @@ class SequenceRun:
         self.done = self.out.emit(new, n_acc, draft.source)
         if self.rules is not None:
             self.rules.emitted(rows, new, n_acc, len(self.out.tokens) - before)
+        self._deliver()
         self.stats.record_step(len(d), n_acc, len(self.out.tokens) - before, draft.source)
         # A drafter's first draft of a sequence also evaluates what it deferred (a draft model's
         # prompt): timed as drafting, it would price every later draft token at many.
@@ -260,6 +265,10 @@ class SequenceRun:
             eng.drafter.accepted(self.seq_id, n_acc, new, is_other=not d)
         if not self.done and self.n_past + 1 > ctx.n_ctx_seq:
             self.stop("context")
+
+    def _deliver(self) -> None:
+        """The step's text goes out now that its tokens' logprobs exist (emitted: after the text)."""
+        self.out.deliver(self.rules.logprobs if self.rules is not None else None)
 
     def _allowed(self, rows: np.ndarray) -> np.ndarray:
         """The target's logits as this sequence may sample them (ignore_eos: no end-of-generation)."""
@@ -277,6 +286,7 @@ class SequenceRun:
         # this sequence id may reuse its prefix.
         eng._cached[self.seq_id] = self.history[:self.n_past]
         self.out.finish()
+        self.out.deliver(logprobs)
         s = self.stats
         s.gen_seconds = time.perf_counter() - self._t_gen if self._t_gen else 0.0
         s.verify_seconds = self._verify_s
