@@ -107,7 +107,12 @@ class SequenceRun:
         if (eng.drafter is None or self.rules is None or self.rules.grammar is None
                 or eng.target.needs_checkpoints or eng.ctx.has_decode_listeners or not self.history):
             return _NO_DRAFT
-        k = min(c.draft_max, c.max_tokens - 1, eng.ctx.n_ctx_seq - len(self.history))
+        # Only the last n_batch chunk of a decode has output rows: the draft and the prompt's last
+        # token must share the chunk the prompt ends in, so the draft gets that chunk's free room
+        # (none when the prompt fills it) and the prompt is chunked as plain decoding chunks it.
+        n_batch, rest = eng.ctx.n_batch, len(self.history) - self.n_past
+        room = n_batch - ((rest - 1) % n_batch + 1)
+        k = min(c.draft_max, c.max_tokens - 1, eng.ctx.n_ctx_seq - len(self.history), room)
         if k <= 0:
             return _NO_DRAFT
         return self.rules.cut_draft(eng.drafter.opening(self.seq_id, self.history, k).truncated(k))
