@@ -58,8 +58,10 @@ def result_record(req: Request, text: str, finish_reason: str, stats: dict, mode
         return rec
     chat = req.openai == CHAT
     message = {"role": "assistant", "content": text}
-    if result is not None and result.tool_calls:
-        message = {"role": "assistant", "content": result.content, "tool_calls": result.tool_calls}
+    if result is not None and result.tool_calls is not None:   # (content: never the generic envelope)
+        message["content"] = result.content
+        if result.tool_calls:
+            message["tool_calls"] = result.tool_calls
     lps = None if result is None or piece is None else result.logprobs
     choice = {"index": 0, **({"message": message} if chat else {"text": text}),
               "logprobs": None if lps is None else (chat_logprobs if chat else completion_logprobs)(lps, piece),

@@ -64,8 +64,11 @@ def chat_completion(result: Any, *, id: str, model: str, created: int, timings: 
     """A `chat.completion` object for a finished generation: its tool calls (Result.tool_calls,
     with the text outside them as content) and logprobs when the request asked for them."""
     message: dict[str, Any] = {"role": "assistant", "content": result.text}
-    if getattr(result, "tool_calls", None):
-        message = {"role": "assistant", "content": result.content, "tool_calls": result.tool_calls}
+    calls = getattr(result, "tool_calls", None)
+    if calls is not None:   # tools were offered: content is the reply read by its format, never the raw
+        message["content"] = result.content   # text (the generic form's {"response": ...} envelope)
+        if calls:
+            message["tool_calls"] = calls
     out = {"id": id, "object": "chat.completion", "created": created, "model": model,
            "choices": [{"index": 0, "message": message,
                         "logprobs": chat_logprobs(getattr(result, "logprobs", None), piece),
