@@ -132,8 +132,7 @@ def test_malformed_tool_fields_are_400s_naming_the_field():
 def test_a_schema_at_the_limits_converts_in_seconds(schema):
     t = time.perf_counter()
     spec = grammar_from_schema(schema, "json_schema")
-    assert time.perf_counter() - t < 5.0
-    B.check_gbnf(spec.gbnf, "json_schema")
+    assert time.perf_counter() - t < 5.0 and spec.schema is not None and spec.gbnf == ""
 
 
 def test_a_type_list_keeps_enum_properties_and_pattern():
@@ -146,7 +145,7 @@ def test_a_type_list_keeps_enum_properties_and_pattern():
     assert '"a"+' in gbnf.replace(" ", "") or '"a"+' in gbnf
     with pytest.raises(Unsatisfiable):
         split_types({"type": ["integer", "null"], "enum": ["red"]})
-    with pytest.raises(GrammarError, match="no value of the types"):
+    with pytest.raises(GrammarError, match="Unsatisfiable schema"):   # (llguidance's words)
         grammar_from_schema({"type": ["integer", "null"], "enum": ["red"]})
 
 

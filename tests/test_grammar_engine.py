@@ -347,14 +347,16 @@ def test_a_grammar_that_does_not_compile_names_the_parsers_reason(tiny_models):
         target.close()
 
 
-@pytest.mark.parametrize("schema, why", [({"$ref": "#/$defs/missing"}, "the JSON schema cannot be converted to a "
-                                                                     "grammar: Error resolving ref"),
+@pytest.mark.parametrize("schema, why", [({"$ref": "#/$defs/missing"}, "the JSON schema cannot be compiled: "
+                                                                     "Pointer '/\\$defs/missing' does not exist"),
                                          ({"type": "strin"}, "type \\(at schema\\) must be one of string"),
-                                         ({"type": "string", "pattern": "a+"}, "the JSON schema cannot be converted "
-                                                                               "to a grammar: Pattern must start with")])
-def test_a_schema_the_converter_asserts_on_is_a_grammar_error(schema, why):
-    """llama-cpp-python's converter raises AssertionError for these (an unknown type is refused
-    before it runs): a one-line GrammarError naming the field instead of a traceback."""
+                                         ({"type": "array", "uniqueItems": True}, "'uniqueItems' \\(at schema\\) is "
+                                                                                  "not supported by llguidance"),
+                                         ({"type": "string", "format": "uuid7"}, "the JSON schema cannot be compiled: "
+                                                                                "Unknown format: uuid7")])
+def test_a_schema_the_engine_cannot_enforce_is_a_grammar_error(schema, why):
+    """A one-line GrammarError naming the field and why (the keyword, the missing ref, the unknown
+    format), never a traceback nor a constraint silently dropped."""
     with pytest.raises(GrammarError, match=rf"^response_format: {why}"):
         grammar_from_schema(schema, "response_format")
 

@@ -1,39 +1,41 @@
-"""llama.cpp's grammar engine for one sequence: GBNF grammars and JSON schemas compiled by
-llama.cpp (through llama-cpp-python's grammar sampler and its JSON schema converter), checked
-one token at a time, applied to a whole row only when needed, cloned for drafts.
+"""Grammars for one generation: what the user gave (GrammarSpec: GBNF text or a JSON schema), the
+one compile path every caller uses (bounds, then a worker process, then this process), and the
+live state of a sequence under one (GrammarState).
 
-Why one-token checks: llama.cpp's common/sampling.cpp samples (or takes the argmax) first and
-asks the grammar about that one token; only when the grammar refuses it does it mask the whole
-vocabulary and sample again. Sampling y ~ p, keeping it when allowed, else y ~ p restricted to the
-allowed set A, gives exactly p(y)/p(A): the constrained distribution, at a fraction of the cost.
+Two engines, one interface (allows, allowed_ids, allowed_mask, mask, accept, accept_all,
+valid_prefix, clone, close):
+- llguidance (grammar_llg.py) for JSON schemas, compiled by llguidance directly, and for plain
+  GBNF grammars (grammar_lark.py keeps llama.cpp's meaning): token masks in microseconds, exact
+  type lists, enums and patterns.
+- llama.cpp's grammar sampler (grammar_llama.py) for lazy grammars (tool calls that start at a
+  trigger) and for GBNF that llguidance cannot read or compile: llama.cpp accepts it, so it runs.
 
-Never `accept` a token the grammar refuses: llama.cpp aborts the process on it (an empty grammar
-stack, or an end-of-generation token before the grammar is complete). `GrammarState.accept`
-checks first and raises instead.
+Why one-token checks in the sampler (constrained.py): llama.cpp's common/sampling.cpp samples
+first and asks the grammar about that one token; only when the grammar refuses it does it mask
+the whole vocabulary and sample again. y ~ p kept when allowed, else y ~ p restricted to the
+allowed set A, is exactly p(y)/p(A).
 """
 
 from __future__ import annotations
 
-import ctypes
+import hashlib
 import json
-import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
-
-import numpy as np
+from typing import Any
 
 from llamaspec.runtime import grammar_bounds, grammar_worker
-from llamaspec.runtime.grammar_errors import GrammarError, parse_error as _parse_error
-from llamaspec.runtime.grammar_schema import JSON_CHAR, JSON_SPACE, as_llama_cpp as _as_llama_cpp
+from llamaspec.runtime.grammar_errors import GrammarError
+from llamaspec.runtime.grammar_schema import JSON_CHAR, JSON_SPACE
 
-__all__ = ["GrammarSpec", "GrammarError", "GrammarState", "grammar_from_schema", "UNSUPPORTED_SCHEMA_KEYS",
-           "JSON_CHAR", "JSON_SPACE", "check_grammar"]
+__all__ = ["GrammarSpec", "GrammarError", "GrammarState", "grammar_from_schema", "schema_gbnf",
+           "UNSUPPORTED_SCHEMA_KEYS", "JSON_CHAR", "JSON_SPACE", "check_grammar", "engine_of"]
 
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """A grammar to constrain one generation: GBNF text (llama.cpp's grammar format) and its root.
+    """A grammar to constrain one generation: GBNF text (llama.cpp's grammar format) and its
+    root, or a JSON schema (`schema`: its JSON text; `gbnf` is then empty).
 
     Lazy (trigger_patterns or trigger_tokens given): nothing is constrained until the generated
     text matches one of the patterns (regexes, llama.cpp's grammar_lazy_patterns: the grammar then
@@ -42,66 +44,61 @@ class GrammarSpec:
     `field` names what the user gave (`response_format`, `--json-schema`, ...) for error messages.
     """
 
-    gbnf: str
+    gbnf: str = ""
     root: str = "root"
     field: str = "grammar"
     trigger_patterns: tuple[str, ...] = ()
     trigger_tokens: tuple[int, ...] = ()
+    schema: str | None = None
 
     @property
     def lazy(self) -> bool:
         return bool(self.trigger_patterns or self.trigger_tokens)
 
 
-# Keywords that constrain a value and that llama-cpp-python's converter (a port of llama.cpp's
-# json_schema_to_grammar.py) does not implement: a schema using one is refused with its name,
-# not silently loosened. Annotations (title, description, default, examples, $schema, $id, ...)
-# constrain nothing and pass.
+# Keywords that constrain a value and that llguidance does not enforce (it reports them as
+# "Unimplemented keys"): a schema using one is refused with its name and place, not loosened.
+# Annotations (title, description, default, examples, $schema, $id, ...) constrain nothing and pass.
 UNSUPPORTED_SCHEMA_KEYS = frozenset({
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "minProperties", "maxProperties", "patternProperties", "propertyNames", "dependentRequired",
-    "dependentSchemas", "dependencies", "if", "then", "else", "not", "contains", "minContains",
-    "maxContains", "uniqueItems", "unevaluatedProperties", "unevaluatedItems",
+    "propertyNames", "dependentRequired", "dependentSchemas", "dependencies", "if", "then", "else",
+    "not", "contains", "minContains", "maxContains", "uniqueItems", "unevaluatedProperties", "unevaluatedItems",
 })
-_SUPPORTED_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
+# what llama-cpp-python's converter (schema_gbnf: the tool-call grammars) does not implement besides
+_CONVERTER_UNSUPPORTED = UNSUPPORTED_SCHEMA_KEYS | {
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties",
+    "maxProperties", "patternProperties"}
+_CONVERTER_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
 
 
-def _unsupported(schema: Any, path: str) -> tuple[str, str] | None:
-    """(where, keyword) of the first constraint the converter would drop, else None."""
+def _unsupported(schema: Any, path: str, keys=UNSUPPORTED_SCHEMA_KEYS, formats=None) -> tuple[str, str] | None:
+    """(where, keyword) of the first constraint the engine would not enforce, else None."""
     if isinstance(schema, list):
         for i, s in enumerate(schema):
-            hit = _unsupported(s, f"{path}[{i}]")
+            hit = _unsupported(s, f"{path}[{i}]", keys, formats)
             if hit:
                 return hit
         return None
     if not isinstance(schema, dict):
         return None
     for key, value in schema.items():
-        if key in UNSUPPORTED_SCHEMA_KEYS:
+        if key in keys:
             return path or "schema", key
-        if key == "format" and isinstance(value, str) and value not in _SUPPORTED_FORMATS:
+        if formats is not None and key == "format" and isinstance(value, str) and value not in formats:
             return path or "schema", f"format: {value}"
         if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
             for name, sub in value.items():
-                hit = _unsupported(sub, f"{path}.{key}.{name}" if path else f"{key}.{name}")
+                hit = _unsupported(sub, f"{path}.{key}.{name}" if path else f"{key}.{name}", keys, formats)
                 if hit:
                     return hit
         elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties"):
-            hit = _unsupported(value, f"{path}.{key}" if path else key)
+            hit = _unsupported(value, f"{path}.{key}" if path else key, keys, formats)
             if hit:
                 return hit
     return None
 
 
-def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
-    """A JSON schema (a dict, or its JSON text) as a GBNF grammar, by llama-cpp-python's converter
-    (fixed: grammar_schema.py), in a worker process (grammar_worker.py) unless the sandbox is off.
-
-    `{}` or `true` is any JSON value (llama-server's json_schema {}, OpenAI's json_object).
-    Raises GrammarError naming `field` for a schema that is not JSON, is past a bound
-    (grammar_bounds.py), uses a constraint the converter does not implement, or that the
-    converter rejects, crashes on or takes too long with.
-    """
+def _checked(schema: Any, field: str, keys, formats, engine: str) -> dict:
+    """The schema as a dict, within the bounds and without a keyword `engine` would not enforce."""
     text_chars = None
     if isinstance(schema, str):
         text_chars = len(schema)
@@ -118,15 +115,98 @@ def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
     if not isinstance(schema, dict):
         raise GrammarError(f"{field} must be a JSON schema object, not {type(schema).__name__}", field)
     grammar_bounds.check_schema(schema, field, text_chars)
-    hit = _unsupported(schema, "")
+    hit = _unsupported(schema, "", keys, formats)
     if hit:
         where, key = hit
-        raise GrammarError(f"{field}: '{key}' (at {where}) is not supported by llama.cpp's JSON schema "
-                           "converter; remove it or give a GBNF grammar instead", field)
-    key = _schema_key(schema)
+        raise GrammarError(f"{field}: '{key}' (at {where}) is not supported by {engine}; remove it or "
+                           "give a GBNF grammar instead", field)
+    return schema
+
+
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "patternProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_ONE = ("items", "additionalProperties", "additionalItems", "unevaluatedProperties")
+
+
+def _closed(schema: Any, shut: bool = True, has_all_of: bool | None = None) -> Any:
+    """The schema with llama.cpp's reading of an object that lists `properties` and says nothing
+    of others: no other property (its converter writes only the listed ones; JSON Schema would
+    allow any). Not under an `allOf` (each branch closed would refuse the others' properties),
+    nor in `$defs` when the schema has one. Recursion is bounded by grammar_bounds' depth."""
+    if isinstance(schema, list):
+        return [_closed(s, shut, has_all_of) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if has_all_of is None:
+        has_all_of = '"allOf"' in json.dumps(schema)
+    out = dict(schema)
+    if shut and isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            inner = shut and not (has_all_of and key in ("$defs", "definitions"))
+            out[key] = {k: _closed(v, inner, has_all_of) for k, v in out[key].items()}
+    for key in _SUBSCHEMA_LISTS + _SUBSCHEMA_ONE:
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = _closed(out[key], shut, has_all_of)
+    if isinstance(out.get("allOf"), list):
+        out["allOf"] = _closed(out["allOf"], False, has_all_of)
+    return out
+
+
+_LOCK = threading.Lock()
+_SCHEMAS: dict[bytes, None] = {}   # digests of schemas llguidance validated (a batch job sends one many times)
+
+
+def _remember(cache: dict, key, value=None, limit: int = 256) -> None:
+    with _LOCK:
+        cache[key] = value
+        while len(cache) > limit:
+            cache.pop(next(iter(cache)))
+
+
+def _digest(*fields) -> bytes:
+    return hashlib.sha256(json.dumps(fields).encode("utf-8", "surrogatepass")).digest()
+
+
+def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
+    """A JSON schema (a dict, or its JSON text) as a GrammarSpec that llguidance compiles,
+    validated first (in a worker process unless the sandbox is off).
+
+    `{}` or `true` is any JSON value (llama-server's json_schema {}, OpenAI's json_object).
+    Raises GrammarError naming `field` for a schema that is not JSON, is past a bound
+    (grammar_bounds.py), uses a keyword llguidance does not enforce, or that it rejects,
+    crashes on or takes too long with.
+    """
+    from llamaspec.runtime import grammar_llg
+
+    schema = _closed(_checked(schema, field, UNSUPPORTED_SCHEMA_KEYS, None, "llguidance's JSON schema engine"))
+    text = json.dumps(schema, ensure_ascii=False)   # (property order kept: it is the output's)
+    key = _digest(text)
+    if key not in _SCHEMAS:
+        grammar = grammar_llg.schema_grammar(text)
+        if grammar_worker.sandboxed():
+            why = grammar_worker.check_llg(None, grammar, field)
+        else:
+            why = grammar_llg.compile_error(grammar)
+        if why:
+            raise GrammarError(f"{field}: the JSON schema cannot be compiled: {why}", field)
+        _remember(_SCHEMAS, key)
+    return GrammarSpec(field=field, schema=text)
+
+
+_CONVERTED: dict[bytes, str] = {}   # recent schemas' GBNF (tool-call grammars)
+
+
+def schema_gbnf(schema: Any, field: str = "json_schema") -> str:
+    """A JSON schema as GBNF, by llama-cpp-python's converter (fixed: grammar_schema.py), in a
+    worker unless the sandbox is off: for the lazy tool-call grammars (openai/tool_grammar.py),
+    which llama.cpp's engine runs. GrammarError naming `field` as grammar_from_schema."""
+    schema = _checked(schema, field, _CONVERTER_UNSUPPORTED, _CONVERTER_FORMATS, "llama.cpp's JSON schema converter")
+    key = _digest(schema)
     gbnf = _CONVERTED.get(key)
     if gbnf is not None:
-        return GrammarSpec(gbnf, field=field)
+        return gbnf
     if grammar_worker.sandboxed():
         gbnf = grammar_worker.convert(schema, field)
     else:
@@ -138,218 +218,100 @@ def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
             # asserts on an unresolvable $ref, an unknown type, an unanchored pattern)
             raise GrammarError(f"{field}: the JSON schema cannot be converted to a grammar: {e}", field) from None
     grammar_bounds.check_gbnf(gbnf, field)
-    with _STDERR_LOCK:
-        _CONVERTED[key] = gbnf
-        while len(_CONVERTED) > 64:
-            _CONVERTED.pop(next(iter(_CONVERTED)))
-    return GrammarSpec(gbnf, field=field)
+    _remember(_CONVERTED, key, gbnf, 64)
+    return gbnf
 
 
-_CONVERTED: dict[bytes, str] = {}   # recent schemas' grammars (a batch job sends one schema many times)
+# ---- which engine, compiled where -------------------------------------------------------------------
+_ENGINES: dict[bytes, str | None] = {}   # (model, GBNF) -> llguidance's grammar, or None: llama.cpp's
+_LLG_OK: dict[bytes, None] = {}          # (model, llguidance grammar) that compiled in a worker
 
 
-def _schema_key(schema: dict) -> bytes:
-    import hashlib
-
-    return hashlib.sha256(json.dumps(schema).encode("utf-8", "surrogatepass")).digest()   # (property order counts)
-
-
-_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+def _model_path(model) -> str | None:
+    path = getattr(model, "path", None)
+    return None if path is None else str(path)
 
 
-class GrammarState:
-    """One sequence's live grammar: llama.cpp's grammar sampler, advanced by the emitted tokens.
-
-    `allows(t)` asks about one token; `mask(row)` returns the row with every refused token at
-    -inf; `accept(t)` advances; `clone()` copies the state (for a draft's rows: never advance the
-    real state by a token that may be rejected). Free with close() (or let it be collected).
-
-        >>> # with a loaded Model `m`:  g = GrammarState(m, GrammarSpec('root ::= "yes" | "no"'))
-        >>> # g.allows(m.tokenize("yes", add_special=False)[0]) -> True; the token of "maybe" -> False
-    """
-
-    def __init__(self, model, spec: GrammarSpec, *, _ptr=None):
-        import llama_cpp
-
-        self.model, self.spec = model, spec
-        self._ptr = _ptr
-        if self._ptr is None:
-            self._ptr = _compile(model, spec)
-        self._one = (llama_cpp.llama_token_data * 1)()
-        self._one_arr = llama_cpp.llama_token_data_array(data=self._one, size=1, selected=-1, sorted=False)
-        self._buf: np.ndarray | None = None   # the whole-vocabulary array, made at the first mask
-
-    def allows(self, token: int) -> bool:
-        import llama_cpp
-
-        self._one[0].id, self._one[0].logit, self._one[0].p = int(token), 0.0, 0.0
-        self._one_arr.size, self._one_arr.selected = 1, -1
-        llama_cpp.llama_sampler_apply(self._ptr, ctypes.byref(self._one_arr))
-        return self._one[0].logit != -np.inf
-
-    def mask(self, row: np.ndarray) -> np.ndarray:
-        """A copy of `row` (one logit per token id) with every token the grammar refuses at -inf."""
-        out = np.array(row, dtype=np.float32, copy=True)
-        out[~self.allowed_mask(row.shape[0])] = -np.inf
-        return out
-
-    def allowed_mask(self, n: int) -> np.ndarray:
-        """Booleans over token ids 0..n-1: True where the grammar allows the token now (one apply
-        over the whole vocabulary: ~5-10 ms on 49k tokens; ask `allows` first where one will do)."""
-        import llama_cpp
-
-        if self._buf is None or self._buf.shape[0] != n:
-            self._buf = np.zeros(n, dtype=_TOKEN_DATA)
-            self._buf["id"] = np.arange(n, dtype=np.int32)
-            self._arr = llama_cpp.llama_token_data_array(
-                data=self._buf.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
-                size=n, selected=-1, sorted=False)
-        # the grammar only writes -inf into refused entries: fill zeros, read which ones it hit
-        self._buf["logit"] = 0.0
-        self._arr.size, self._arr.selected, self._arr.sorted = n, -1, False
-        llama_cpp.llama_sampler_apply(self._ptr, ctypes.byref(self._arr))
-        return self._buf["logit"] != -np.inf
-
-    def allowed_ids(self, candidates: Sequence[int]) -> list[int]:
-        """Which of `candidates` the grammar allows now (one apply over just those tokens)."""
-        import llama_cpp
-
-        if not len(candidates):
-            return []
-        buf = np.zeros(len(candidates), dtype=_TOKEN_DATA)
-        buf["id"] = np.asarray(candidates, dtype=np.int32)
-        arr = llama_cpp.llama_token_data_array(data=buf.ctypes.data_as(ctypes.POINTER(llama_cpp.llama_token_data)),
-                                               size=len(candidates), selected=-1, sorted=False)
-        llama_cpp.llama_sampler_apply(self._ptr, ctypes.byref(arr))
-        return [int(t) for t in buf["id"][buf["logit"] != -np.inf]]
-
-    def accept(self, token: int) -> None:
-        """Advance by one emitted token. Raises ValueError (instead of llama.cpp's abort) when the
-        grammar refuses it."""
-        import llama_cpp
-
-        if not self.allows(token):
-            raise ValueError(f"the grammar refuses token {token} ({self.model.token_text(token)!r})")
-        llama_cpp.llama_sampler_accept(self._ptr, int(token))
-
-    def accept_all(self, tokens: Sequence[int]) -> int:
-        """Accept tokens while the grammar allows them; returns how many were accepted."""
-        for i, t in enumerate(tokens):
-            if not self.allows(t):
-                return i
-            self.accept(t)
-        return len(tokens)
-
-    def clone(self) -> "GrammarState":
-        import llama_cpp
-
-        return GrammarState(self.model, self.spec, _ptr=llama_cpp.llama_sampler_clone(self._ptr))
-
-    def close(self) -> None:
-        import llama_cpp
-
-        ptr, self._ptr = self._ptr, None
-        if ptr:
-            llama_cpp.llama_sampler_free(ptr)
-
-    def __del__(self):  # pragma: no cover - best effort
-        try:
-            self.close()
-        except Exception:
-            pass
+def _llg_checked(model, grammar: str, field: str) -> None:
+    """Compile `grammar` against the model's vocabulary in a worker first (once per grammar)."""
+    path = _model_path(model)
+    key = _digest(path, grammar)
+    if key in _LLG_OK or not grammar_worker.sandboxed() or path is None:
+        return
+    why = grammar_worker.check_llg(path, grammar, field)
+    if why:
+        raise GrammarError(f"{field}: the grammar does not compile: {why}", field)
+    _remember(_LLG_OK, key)
 
 
-def _compile(model, spec: GrammarSpec):
-    """llama.cpp's grammar sampler for `spec`; GrammarError naming spec.field when it fails."""
-    import llama_cpp
+def engine_of(model, spec: GrammarSpec) -> tuple[str, str | None]:
+    """("llguidance", its grammar) or ("llama.cpp", None): the engine that runs `spec` on
+    `model`, its grammar compiled in a worker first (sandbox on, a model loaded from a file).
+    A GBNF grammar goes to llguidance when grammar_lark reads it and llguidance compiles it."""
+    from llamaspec.runtime import grammar_llg
 
-    from llamaspec.runtime.llama import _LOG_TAIL
-
-    gbnf, root = spec.gbnf.encode("utf-8"), spec.root.encode("utf-8")
-    with _STDERR_LOCK, _native_stderr(capture=not _verified(spec, model)) as said:
-        _LOG_TAIL.clear()
-        if spec.lazy:
-            pats = [p.encode("utf-8") for p in spec.trigger_patterns]
-            pat_arr = (ctypes.c_char_p * max(1, len(pats)))(*pats)
-            tok_arr = (llama_cpp.llama_token * max(1, len(spec.trigger_tokens)))(*spec.trigger_tokens)
-            ptr = llama_cpp.llama_sampler_init_grammar_lazy_patterns(model.vocab, gbnf, root, pat_arr, len(pats),
-                                                                     tok_arr, len(spec.trigger_tokens))
+    if spec.schema is not None:
+        grammar = grammar_llg.schema_grammar(spec.schema)
+        _llg_checked(model, grammar, spec.field)
+        return "llguidance", grammar
+    if spec.lazy:
+        return "llama.cpp", None
+    path = _model_path(model)
+    key = _digest(path, spec.gbnf, spec.root)
+    if key not in _ENGINES:
+        grammar_bounds.check_gbnf(spec.gbnf, spec.field)
+        if grammar_worker.sandboxed() and path is not None:
+            grammar = grammar_worker.to_llg(path, spec.gbnf, spec.root, spec.field)
+            if grammar is not None:
+                _remember(_LLG_OK, _digest(path, grammar))
         else:
-            ptr = llama_cpp.llama_sampler_init_grammar(model.vocab, gbnf, root)
-        log = list(_LOG_TAIL)
-    why = "" if ptr else _parse_error(said[0], log)
-    if said[0] and not why:   # anything but the parser's reason (which the one-line error says) is kept
-        os.write(2, said[0].encode("utf-8"))
-    if not ptr:
-        raise GrammarError(f"{spec.field}: the grammar does not compile: {why or 'llama.cpp could not parse it'}",
-                           spec.field)
-    return ptr
+            grammar = _gbnf_llg(model, spec)
+        _remember(_ENGINES, key, grammar)
+    grammar = _ENGINES[key]
+    return ("llguidance", grammar) if grammar is not None else ("llama.cpp", None)
 
 
-# File descriptor 2 is the whole process's: one capture at a time (else one request's error
-# could quote another's), and none for a grammar the worker compiled already (it cannot fail).
-_STDERR_LOCK = threading.Lock()
-_VERIFIED: dict[bytes, None] = {}   # digests of the grammars that compiled in a worker (oldest first)
+def _gbnf_llg(model, spec: GrammarSpec) -> str | None:
+    """llguidance's grammar for a GBNF grammar, compiled here; None when it cannot be."""
+    from llamaspec.runtime import grammar_llg
+    from llamaspec.runtime.grammar_lark import GbnfToLarkError, gbnf_to_lark
+
+    try:
+        grammar = grammar_llg.lark_grammar(gbnf_to_lark(spec.gbnf, spec.root))
+    except (GbnfToLarkError, ValueError, RecursionError):
+        return None
+    return None if grammar_llg.compile_error(grammar, grammar_llg.tokenizer(model)) else grammar
 
 
-def _key(spec: GrammarSpec, model) -> bytes:
-    import hashlib
+def GrammarState(model, spec: GrammarSpec):  # noqa: N802 - the constructor name every caller uses
+    """One sequence's live grammar for `spec` on `model`: llguidance's (grammar_llg.LLGState) or
+    llama.cpp's (grammar_llama.LlamaGrammarState), one interface. GrammarError naming spec.field
+    when it does not compile."""
+    kind, grammar = engine_of(model, spec)
+    if kind == "llguidance":
+        from llamaspec.runtime.grammar_llg import LLGState
 
-    fields = [str(getattr(model, "path", "")), spec.gbnf, spec.root, spec.trigger_patterns, spec.trigger_tokens]
-    return hashlib.sha256(json.dumps(fields).encode("utf-8", "surrogatepass")).digest()
-
-
-def _verified(spec: GrammarSpec, model) -> bool:
-    return _key(spec, model) in _VERIFIED
-
-
-class _native_stderr:
-    """Captures what native code writes to file descriptor 2 meanwhile (llama.cpp's grammar
-    parser prints its reason there, not to the log); `said[0]` is the text, for the caller to
-    fold into its error or write back. Hold _STDERR_LOCK around it."""
-
-    def __init__(self, capture: bool = True):
-        self.capture = capture
-
-    def __enter__(self) -> list[str]:
-        import sys
-        import tempfile
-
-        self.said = [""]
-        self._saved = None
-        if not self.capture:
-            return self.said
         try:
-            sys.stderr.flush()
-            self._tmp = tempfile.TemporaryFile()
-            self._saved = os.dup(2)
-            os.dup2(self._tmp.fileno(), 2)
-        except (OSError, ValueError):   # no fd 2 (an embedding without one): nothing captured
-            self._saved = None
-        return self.said
+            return LLGState(model, spec, grammar)
+        except ValueError as e:
+            raise GrammarError(f"{spec.field}: the grammar does not compile: {e}", spec.field) from None
+    from llamaspec.runtime.grammar_llama import LlamaGrammarState
 
-    def __exit__(self, *exc) -> None:
-        if self._saved is None:
-            return
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
-        self._tmp.seek(0)
-        data = self._tmp.read()
-        self._tmp.close()
-        self.said[0] = data.decode("utf-8", errors="replace")
+    return LlamaGrammarState(model, spec)
 
 
 def check_grammar(model, spec: GrammarSpec) -> None:
     """Compile `spec` once to raise its GrammarError before any generation starts: its bounds
     first, then (sandbox on, a model loaded from a file) in a worker process, only then here."""
-    grammar_bounds.check_gbnf(spec.gbnf, spec.field)
-    path = getattr(model, "path", None)
-    key = _key(spec, model)
-    if grammar_worker.sandboxed() and path is not None and key not in _VERIFIED:
+    from llamaspec.runtime import grammar_llama
+
+    if spec.schema is None:
+        grammar_bounds.check_gbnf(spec.gbnf, spec.field)
+    kind, _ = engine_of(model, spec)
+    path = _model_path(model)
+    key = grammar_llama.spec_key(spec, model)
+    if kind == "llama.cpp" and grammar_worker.sandboxed() and path is not None and not grammar_llama.verified(key):
         grammar_worker.check_parses(path, spec.gbnf, spec.root, spec.trigger_patterns, spec.trigger_tokens,
                                     spec.field)
-        with _STDERR_LOCK:
-            _VERIFIED[key] = None
-            while len(_VERIFIED) > 256:
-                _VERIFIED.pop(next(iter(_VERIFIED)))
+        grammar_llama.mark_verified(key)
     GrammarState(model, spec).close()

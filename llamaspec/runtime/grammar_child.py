@@ -7,8 +7,13 @@ Protocol on stdin/stdout: each message is 4 bytes of big-endian length, then JSO
   {"op": "schema", "schema": {...}}                   -> {"gbnf": "..."} | {"error": "..."}
   {"op": "gbnf", "model": PATH, "gbnf", "root", "patterns", "tokens"}
                                                       -> {"ok": true} | {"error": "..."}
+  {"op": "llg", "model": PATH | null, "grammar": G}   -> {"ok": true} | {"error": "..."}
+  {"op": "lark", "model": PATH, "gbnf", "root"}       -> {"grammar": G} | {"fallback": "why"}
 A "gbnf" request builds llama.cpp's grammar sampler against the model's vocabulary (loaded once
-per path, vocab_only) and applies it once to the whole vocabulary, as the first token will.
+per path, vocab_only) and applies it once to the whole vocabulary, as the first token will. An
+"llg" request builds llguidance's matcher for grammar G (its JSON) with the parser limits the
+server uses, against the vocabulary's tokenizer, and computes its first mask (no model: the
+grammar is validated alone). A "lark" request converts GBNF for llguidance and compiles it so.
 """
 
 from __future__ import annotations
@@ -101,6 +106,43 @@ def _parse(msg: dict) -> dict:
     return {"ok": True}
 
 
+_TOKENIZERS: dict[str, object] = {}
+
+
+def _tokenizer(path: str):
+    import llama_cpp
+
+    from llamaspec.runtime.grammar_llg import tokenizer_of_vocab
+
+    if path not in _TOKENIZERS:
+        vocab = _vocab(path)
+        _TOKENIZERS[path] = tokenizer_of_vocab(vocab, llama_cpp.llama_vocab_n_tokens(vocab))
+    return _TOKENIZERS[path]
+
+
+def _llg(msg: dict) -> dict:
+    from llamaspec.runtime.grammar_llg import compile_error
+
+    model = msg.get("model")
+    why = compile_error(msg["grammar"], _tokenizer(model) if model else None)
+    return {"error": why} if why else {"ok": True}
+
+
+def _lark(msg: dict) -> dict:
+    from llamaspec.runtime.grammar_lark import GbnfToLarkError, gbnf_to_lark
+    from llamaspec.runtime.grammar_llg import compile_error, lark_grammar
+
+    try:
+        grammar = lark_grammar(gbnf_to_lark(msg["gbnf"], msg.get("root", "root")))
+    except (GbnfToLarkError, ValueError, RecursionError) as e:
+        return {"fallback": f"{type(e).__name__}: {e}"[:300]}
+    why = compile_error(grammar, _tokenizer(msg["model"]))
+    return {"fallback": why} if why else {"grammar": grammar}
+
+
+_OPS = {"schema": lambda msg: _schema(msg), "llg": _llg, "lark": _lark}
+
+
 def _schema(msg: dict) -> dict:
     from llamaspec.runtime.grammar_schema import schema_to_gbnf
 
@@ -130,7 +172,7 @@ def main() -> None:
         if msg is None:
             return
         try:
-            reply = _schema(msg) if msg.get("op") == "schema" else _parse(msg)
+            reply = _OPS.get(msg.get("op"), _parse)(msg)
         except MemoryError:
             reply = {"error": f"the grammar needs more than {MEMORY_LIMIT >> 30} GiB to compile"}
         except Exception as e:  # noqa: BLE001 - the request's error, reported back

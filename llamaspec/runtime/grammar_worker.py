@@ -1,11 +1,13 @@
 """Compiling request input where a crash cannot reach the server: warm worker processes
-(grammar_child.py) convert JSON schemas and parse GBNF grammars first, under a wall-time limit
-(the worker is killed and replaced past it) and a memory limit (RLIMIT_AS in the worker). Only a
-grammar that compiled there is compiled in this process. A `try` cannot catch a SIGSEGV and a
-thread cannot be stopped: a process can.
+(grammar_child.py) compile JSON schemas and grammars first, under a wall-time limit (the worker
+is killed and replaced past it) and a memory limit (RLIMIT_AS in the worker). Only a grammar that
+compiled there is compiled in this process. A `try` cannot catch a SIGSEGV and a thread cannot be
+stopped: a process can.
 
-    gbnf = convert(schema, field)                 # GrammarError naming field, never a crash
-    check_parses(model_path, spec)                # the same for llama.cpp's GBNF parser
+    why = check_llg(model_path, grammar, field)   # llguidance: '' or why not; GrammarError on a crash
+    grammar = to_llg(model_path, gbnf, root, field)   # GBNF for llguidance, or None: llama.cpp's then
+    gbnf = convert(schema, field)                 # llama.cpp's converter (tool-call grammars)
+    check_parses(model_path, spec)                # llama.cpp's GBNF parser
 
 Idle workers are kept (MAX_IDLE) and reused; each caller takes one of its own, so a slow grammar
 holds up only its own request. LLAMASPEC_GRAMMAR_SANDBOX=0 compiles in this process instead (no
@@ -156,6 +158,27 @@ def convert(schema: Any, field: str) -> str:
     return reply["gbnf"]
 
 
+def check_llg(model_path: str | os.PathLike | None, grammar: str, field: str) -> str:
+    """Compile llguidance's `grammar` in a worker (against the model's vocabulary, with the
+    parser limits, and compute its first mask; without a model: validate it): '' when it
+    compiles, else llguidance's reason. GrammarError naming `field` when it crashes or runs away."""
+    reply = _ask({"op": "llg", "model": None if model_path is None else str(model_path), "grammar": grammar}, field)
+    return reply.get("error", "")
+
+
+def to_llg(model_path: str | os.PathLike, gbnf: str, root: str, field: str) -> str | None:
+    """llguidance's grammar for GBNF text, converted (grammar_lark.py) and compiled against the
+    model's vocabulary in a worker; None when llguidance cannot read or compile it (llama.cpp's
+    engine takes it then, its own parse checked in a worker too). GrammarError when it runs away."""
+    try:
+        reply = _ask({"op": "lark", "model": str(model_path), "gbnf": gbnf, "root": root}, field)
+    except GrammarError as e:
+        if "crashed" in e.message:
+            return None
+        raise
+    return reply.get("grammar")
+
+
 def check_parses(model_path: str | os.PathLike, gbnf: str, root: str, patterns: tuple[str, ...],
                  tokens: tuple[int, ...], field: str) -> None:
     """Build llama.cpp's grammar sampler for the grammar in a worker (against the model's
@@ -167,12 +190,15 @@ def check_parses(model_path: str | os.PathLike, gbnf: str, root: str, patterns: 
 
 
 def prewarm(model_path: str | os.PathLike | None = None) -> None:
-    """Start an idle worker now (and load the model's vocabulary in it), off the caller's thread."""
+    """Start an idle worker now (and load the model's vocabulary and llguidance's tokenizer of it
+    in it), off the caller's thread."""
     def start() -> None:
         try:
             w = _Worker()
             if model_path is not None:
-                w.ask({"op": "gbnf", "model": str(model_path), "gbnf": 'root ::= "a"'}, START_LIMIT)
+                from llamaspec.runtime.grammar_llg import lark_grammar
+
+                w.ask({"op": "llg", "model": str(model_path), "grammar": lark_grammar('start: "a"')}, START_LIMIT)
                 w.models.add(str(model_path))
         except (_Died, _TimedOut, OSError):
             return

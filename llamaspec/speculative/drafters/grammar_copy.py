@@ -166,6 +166,9 @@ class GrammarCopyDrafter(Drafter):
     @staticmethod
     def _forced(g: "GrammarState", vocab, actual: int) -> bool:
         """Whether the grammar allows only `actual` (and no end of generation) here."""
+        ff = getattr(g, "forced_bytes", None)
+        if ff is not None:   # llguidance: its forced bytes (its mask admits a forced word's whole token only)
+            return ff()[:1] == bytes([actual])
         for b in _FREE_PROBES:
             if b != actual and b in vocab.tok_of and g.allows(vocab.tok_of[b]):
                 return False

@@ -179,8 +179,21 @@ def forced_text(state: "GrammarState", vocab: _Vocab, max_bytes: int, seen: byte
     g = state.clone()
     out = bytearray()
     allowed_bytes: list[int] = []
+    ff = getattr(g, "forced_bytes", None)   # llguidance's compute_ff_bytes: a forced run at once
     try:
         while len(out) < max_bytes:
+            run = ff() if ff is not None else b""
+            if run:
+                if not out and more is not None:   # a byte is forced: the draft's room
+                    max_bytes = min(max_bytes, more())
+                run = run[:max_bytes - len(out)]
+                toks = [vocab.tok_of.get(b) for b in run]
+                n = toks.index(None) if None in toks else len(toks)
+                n = g.accept_all(toks[:n]) if n else 0
+                out += run[:n]
+                if n < len(run):   # a byte without a token of its own: stop there
+                    break
+                continue
             allowed = g.allowed_ids(vocab.candidates)
             eog = [t for t in allowed if t in vocab.eog_set]
             allowed_bytes = [vocab.byte_of[t] for t in allowed if t not in vocab.eog_set]
