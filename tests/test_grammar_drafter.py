@@ -32,10 +32,10 @@ def _toks(model, text: str) -> list[int]:
     return model.tokenize(text, add_special=False, parse_special=False)
 
 
-def _drafter(model, gbnf: str, written: str, **kw) -> tuple[GrammarJumpDrafter, GrammarState, list[int]]:
-    """A drafter bound to a fresh state of `gbnf` that has accepted the tokens of `written`
-    (as the engine's state has after those tokens were emitted)."""
-    state = GrammarState(model, GrammarSpec(gbnf))
+def _drafter(model, gbnf, written: str, **kw) -> tuple[GrammarJumpDrafter, GrammarState, list[int]]:
+    """A drafter bound to a fresh state of `gbnf` (GBNF text or a GrammarSpec) that has accepted
+    the tokens of `written` (as the engine's state has after those tokens were emitted)."""
+    state = GrammarState(model, gbnf if isinstance(gbnf, GrammarSpec) else GrammarSpec(gbnf))
     toks = _toks(model, written)
     assert state.accept_all(toks) == len(toks), written
     d = GrammarJumpDrafter(model, **kw)
@@ -104,7 +104,7 @@ def test_draft_room_caps_the_draft(model):
 
 
 def test_optional_whitespace_follows_this_outputs_earlier_choice(model):
-    gbnf = grammar_from_schema(SCHEMA).gbnf
+    gbnf = grammar_from_schema(SCHEMA)
     # after "," the schema grammar allows " " or '"': a space followed the "," before
     assert _draft_text(model, gbnf, '{"name": "Jo", "age": 30,')[0] == ' "tier": "'
     assert _draft_text(model, gbnf, '{"name":"Jo","age":30,')[0] == '"tier":"'

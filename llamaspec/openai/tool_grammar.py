@@ -2,7 +2,7 @@
 
 Each call is one JSON schema, {"name": {"const": NAME}, "arguments": PARAMETERS} (an anyOf of them
 when several functions may be called), converted once by llama.cpp's converter
-(runtime/grammar.grammar_from_schema); its rules are renamed with a prefix and wrapped in the
+(runtime/grammar.schema_gbnf); its rules are renamed with a prefix and wrapped in the
 format's envelope. So a call's arguments always validate against its function's `parameters`.
 
 "required" or a named function: the whole reply is calls. "auto": the same grammar, lazy: the
@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 
 from llamaspec.openai.tool_formats import GENERIC, HERMES, HERMES_CLOSE, HERMES_OPEN, LLAMA3, MISTRAL, MISTRAL_MARK, PYTHON_TAG
-from llamaspec.runtime.grammar import GrammarSpec, grammar_from_schema
+from llamaspec.runtime.grammar import GrammarSpec, schema_gbnf
 
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|\{[^}]*\}|#[^\n]*|([a-zA-Z_][a-zA-Z0-9_-]*)', re.S)
 
@@ -36,7 +36,7 @@ def prefix_rules(gbnf: str, prefix: str) -> str:
 def _gbnf(schema: dict, field: str, prefix: str, defs: dict | None = None) -> str:
     if defs:
         schema = {**schema, "$defs": defs}
-    return prefix_rules(grammar_from_schema(schema, field).gbnf, prefix)
+    return prefix_rules(schema_gbnf(schema, field), prefix)
 
 
 def hoist_refs(functions: list[dict]) -> tuple[list[dict], dict]:
@@ -185,4 +185,4 @@ def _generic(functions: list[dict], required: bool, parallel: bool, field: str, 
     if not required:
         answer = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
         shape = {"anyOf": [shape, answer]}
-    return GrammarSpec(grammar_from_schema({**shape, "$defs": defs} if defs else shape, field).gbnf, field=field)
+    return GrammarSpec(schema_gbnf({**shape, "$defs": defs} if defs else shape, field), field=field)

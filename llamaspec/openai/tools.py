@@ -29,7 +29,7 @@ from llamaspec.openai.tool_formats import (GENERIC, LLAMA3, LLAMA_BUILTINS, MIST
 from llamaspec.openai.tool_grammar import tool_grammar
 from llamaspec.openai.tool_prompt import add_system, describe, instruction, mistral_ids
 from llamaspec.runtime.chat_template import history_as_text
-from llamaspec.runtime.grammar import GrammarError, GrammarSpec, grammar_from_schema
+from llamaspec.runtime.grammar import GrammarError, GrammarSpec, schema_gbnf
 
 __all__ = ["ToolPlan", "plan_tools", "validate_tools", "new_call_id"]
 
@@ -76,7 +76,7 @@ def validate_tools(tools: Any) -> list[dict]:
         if not isinstance(params, dict) or params.get("type", "object") != "object":
             raise RequestError(f"{where_p} must be a JSON schema of type \"object\"", where_p)
         try:
-            grammar_from_schema(params, where_p)
+            schema_gbnf(params, where_p)   # (the converter builds tool-call grammars)
         except GrammarError as e:
             raise RequestError(str(e), where_p) from None
         except AssertionError as e:   # (the converter asserts on a $ref it cannot resolve)
