@@ -52,8 +52,8 @@ def test_grammar_of_takes_one_of_gbnf_or_schema():
         grammar_of('root ::= "a"', {})
     with pytest.raises(UsageError, match="grammar must be a GBNF grammar"):
         grammar_of("  ", None)
-    with pytest.raises(GrammarError, match="json_schema: 'minimum'") as e:
-        grammar_of(None, {"type": "integer", "minimum": 3})
+    with pytest.raises(GrammarError, match="json_schema: 'uniqueItems'") as e:
+        grammar_of(None, {"type": "array", "uniqueItems": True})
     assert e.value.field == "json_schema"
 
 
@@ -87,7 +87,7 @@ def test_flag_errors_are_one_line_naming_the_flag(run_cli, tiny_models, tmp_path
         (("--grammar-file", tmp_path / "empty.gbnf"), "--grammar-file is empty"),
         (("-j", "{bad"), "-j/--json-schema is not valid JSON"),
         (("-jf", tmp_path / "bad.json"), "-jf/--json-schema-file is not valid JSON"),
-        (("-j", '{"type": "integer", "minimum": 3}'), "-j/--json-schema: 'minimum' (at schema) is not supported"),
+        (("-j", '{"type": "array", "uniqueItems": true}'), "-j/--json-schema: 'uniqueItems' (at schema) is not supported"),
         (("-j", "[1]"), "-j/--json-schema must be a JSON schema object"),
         (("--grammar", 'root ::= "a"', "-j", "{}"), "--grammar and -j/--json-schema given"),
         (("--json-schema", "{}", "--json-schema-file", tmp_path / "bad.json"), "-j/--json-schema and -jf/"),
@@ -231,7 +231,7 @@ def test_generate_with_a_json_schema_validates(gen):
 def test_request_errors_name_the_field_before_generating(gen):
     for kw, what in (({"grammar": 'root ::= "a"', "json_schema": {}}, "give grammar or json_schema, not both"),
                      ({"grammar": "root ::= foo"}, "grammar: the grammar does not compile"),
-                     ({"json_schema": {"type": "integer", "maximum": 3}}, "json_schema: 'maximum'"),
+                     ({"json_schema": {"type": "array", "uniqueItems": True}}, "json_schema: 'uniqueItems'"),
                      ({"logit_bias": {49152: -100}}, "logit_bias: 49152 is not a token id"),
                      ({"logprobs": 21}, "logprobs must be an integer from 0 to 20")):
         with pytest.raises(UsageError, match=what):

@@ -78,8 +78,8 @@ def test_two_constraints_are_refused_naming_both(a, b):
      "response_format.json_schema.schema must be an object"),
     ("response_format", {"response_format": "json"}, "response_format must be an object"),
     ("response_format", {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "n", "schema": {"type": "integer", "minimum": 3}}}}, "'minimum'"),
-    ("json_schema", {"json_schema": {"type": "integer", "maximum": 3}}, "'maximum'"),
+        "name": "n", "schema": {"type": "array", "uniqueItems": True}}}}, "'uniqueItems'"),
+    ("json_schema", {"json_schema": {"not": {"type": "integer"}}}, "'not'"),
     ("json_schema", {"json_schema": 5}, "must be a JSON schema"),
     ("guided_json", {"guided_json": "{not json"}, "not valid JSON"),
     ("grammar", {"grammar": "  "}, "non-empty"),

@@ -119,7 +119,7 @@ def test_tool_call_required_whole_and_streamed(server):
     ({"response_format": {"type": "json_object"}, "grammar": 'root ::= "x"'}, "grammar"),
     ({"grammar": "root ::= nothing-defined"}, "grammar"),            # llama.cpp refuses it
     ({"guided_grammar": 'root ::= "unterminated'}, "guided_grammar"),
-    ({"json_schema": {"type": "integer", "minimum": 1}}, "json_schema"),
+    ({"json_schema": {"type": "array", "uniqueItems": True}}, "json_schema"),   # not enforced: refused
     ({"logit_bias": {"999999": -100}}, "logit_bias"),                   # not in the vocabulary
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
 ])
