@@ -15,14 +15,11 @@ import hashlib
 import json
 import os
 import threading
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from llamaspec.runtime.grammar_errors import GrammarError, parse_error as _parse_error
-
-if TYPE_CHECKING:
-    from llamaspec.runtime.grammar import GrammarSpec
 
 __all__ = ["LlamaGrammarState", "spec_key", "verified", "mark_verified", "STDERR_LOCK"]
 
