@@ -91,9 +91,12 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-def post_chat(port: int, text: str, n: int) -> dict:
-    body = json.dumps({"model": "bench", "messages": [{"role": "user", "content": text}], "max_tokens": n,
-                       "temperature": 0, "stream": False}).encode()
+def post_chat(port: int, text: str, n: int, temperature: float = 0.0, seed: int | None = None) -> dict:
+    req = {"model": "bench", "messages": [{"role": "user", "content": text}], "max_tokens": n,
+           "temperature": temperature, "stream": False}
+    if seed is not None:
+        req["seed"] = seed
+    body = json.dumps(req).encode()
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT)
     try:
@@ -117,9 +120,11 @@ def post_chat(port: int, text: str, n: int) -> dict:
     return out
 
 
-def run_load(port: int, prompts: list[tuple[str, str]], clients: int, requests: int, n: int, pick=None) -> dict:
+def run_load(port: int, prompts: list[tuple[str, str]], clients: int, requests: int, n: int, pick=None,
+             temperature: float = 0.0, seed: int | None = None) -> dict:
     """`clients` threads, each sending `requests` requests in a row; client c's k-th request uses
-    prompt pick(c, k) (default (c + k) mod len(prompts)). Results in (client, request) order."""
+    prompt pick(c, k) (default (c + k) mod len(prompts)). Results in (client, request) order.
+    temperature and seed go into every request (default greedy, no seed)."""
     pick = pick or (lambda c, k: (c + k) % len(prompts))
     results: dict[tuple[int, int], dict] = {}
     go = threading.Event()
@@ -127,7 +132,7 @@ def run_load(port: int, prompts: list[tuple[str, str]], clients: int, requests: 
     def client(c: int) -> None:
         go.wait()
         for k in range(requests):
-            results[(c, k)] = post_chat(port, prompts[pick(c, k)][1], n)
+            results[(c, k)] = post_chat(port, prompts[pick(c, k)][1], n, temperature, seed)
 
     threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(clients)]
     for th in threads:
