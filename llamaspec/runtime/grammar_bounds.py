@@ -150,10 +150,10 @@ def _check_shape(node: dict, where: str, fail) -> None:
         for i, v in enumerate(sub):
             if not isinstance(v, dict):
                 fail(f"{_path(_path(where, key), i)} must be a schema (an object), got {_jtype(v)}")
-    items = node.get("items")
-    if items is not None and not isinstance(items, (dict, list)) or isinstance(items, list) and not all(
+    items = node.get("items")   # (a boolean: `false` after prefixItems is "no more items")
+    if items is not None and not isinstance(items, (dict, list, bool)) or isinstance(items, list) and not all(
             isinstance(v, dict) for v in items):
-        fail(f"items (at {at}) must be a schema (an object), got {_jtype(items)}")
+        fail(f"items (at {at}) must be a schema (an object or a boolean), got {_jtype(items)}")
     extra = node.get("additionalProperties")
     if extra is not None and not isinstance(extra, (dict, bool)):
         fail(f"additionalProperties (at {at}) must be a schema or a boolean, got {_jtype(extra)}")
