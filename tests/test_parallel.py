@@ -50,6 +50,40 @@ def test_a_multi_sequence_step_is_one_forward_pass(tiny_models, monkeypatch, ord
         model.close()
 
 
+def test_a_plain_context_splits_its_cache_and_orders_its_rows(tiny_models, monkeypatch):
+    """--spec-type none: one row per sequence, where llama.cpp's per-sequence cache is faster than
+    the unified one (each row attends to its own cells only), so the pipeline asks for it; rows are
+    sent in sequence-id order (split ubatches take consecutive ids), so slots refilled out of order
+    still cost one pass, and each segment's rows are still found where it was given."""
+    monkeypatch.setenv("LLAMA_BATCH_DEBUG", "1")
+    monkeypatch.setattr(llama_mod, "_LOG_TAIL", deque(maxlen=100_000))
+    with Generator(tiny_models["target"], spec_type="none", parallel=4, threads=1, tuned=False) as g:
+        assert g.pipeline.ctx.unified is False
+    with Generator(tiny_models["target"], spec_type="prompt-lookup", parallel=4, threads=1, tuned=False) as g:
+        assert g.pipeline.ctx.unified is True
+    model = Model(tiny_models["target"])
+    ctx = Context(model, ContextConfig(n_ctx=1024, n_threads=1, n_seq_max=4, kv_unified=False))
+    try:
+        for s in range(4):
+            ctx.decode([1, 2, 3, 4 + s], 0, s, outputs="last")
+        order = [1, 3, 0, 2]
+        assert _ubatches(ctx, [([9], 4, s) for s in order]) == 1
+        firsts = ctx.decode_many([([7 + s], 5, s) for s in order])
+        rows = ctx.logits(4)
+        assert firsts == [1, 3, 0, 2]   # sent in id order: each segment is told where its row is
+        alone = Context(model, ContextConfig(n_ctx=1024, n_threads=1))
+        try:   # the row found for each segment is its own sequence's, as decoded alone
+            for s, first in zip(order, firsts):
+                alone.seq_rm(0, 0)
+                alone.decode([1, 2, 3, 4 + s, 9, 7 + s], 0, 0, outputs="last")
+                assert abs(alone.logits(1)[0] - rows[first]).max() < 1e-2
+        finally:
+            alone.close()
+    finally:
+        ctx.close()
+        model.close()
+
+
 def test_each_sequence_keeps_its_share_of_the_context(tiny_models):
     """One cache holds every sequence, but each may use only n_ctx / n_seq_max positions, so no
     sequence can take the room another needs in the middle of a job."""

@@ -22,6 +22,9 @@ class ContextConfig:
     n_batch: int = 512
     n_threads: int | None = None
     n_seq_max: int = 1
+    # None: unified when several sequences share the context (verify rows of any lengths in one
+    # pass); False: split per sequence, llama.cpp's and llama-server's default (see Context)
+    kv_unified: bool | None = None
 
 
 class Context:
@@ -49,10 +52,14 @@ class Context:
             p.ctx_other = ctx_other
         # Several sequences share one unified KV cache. Split per sequence (llama.cpp's default),
         # a batch is cut into ubatches of consecutive sequence ids with equally many tokens each:
-        # the verify rows of 4 sequences drafting 1, 5, 1 and 3 tokens, or sequences 1, 3, 0, 2,
-        # cost 3 forward passes instead of one. Unified, any batch is one pass; each sequence is
-        # still held to n_ctx / n_seq_max positions (n_ctx_seq below), so they always fit.
-        unified = config.n_seq_max > 1
+        # the verify rows of 4 sequences drafting 1, 5, 1 and 3 tokens cost 3 forward passes
+        # instead of one. Unified, any batch is one pass; each sequence is still held to
+        # n_ctx / n_seq_max positions (n_ctx_seq below), so they always fit. But unified, every
+        # row attends over all sequences' cells (masked): with nothing drafted (one row per
+        # sequence) split is faster (llama-batched-bench -npl 4 here: unified 0.93x at 512-token
+        # prompts), so a context that never verifies drafts asks for split.
+        unified = config.n_seq_max > 1 if config.kv_unified is None else config.kv_unified and config.n_seq_max > 1
+        self.unified = unified
         if unified:
             p.kv_unified = True
         _LOG_TAIL.clear()
@@ -163,19 +170,23 @@ class Context:
                                        f"{self.n_ctx_seq}", "raise --ctx-size or shorten the prompt / -n")
         if isinstance(outputs, str):
             outputs = [len(t) if outputs == "all" else 1 for t, _, _ in segments]
-        firsts, j, row = [], 0, 0
+        firsts, j, row = [0] * len(segments), 0, 0
         slots, batch = self._seq_of_slot, self._batch
         self._out[:total] = 0
-        for (toks, start, seq_id), k in zip(segments, outputs):
+        order = range(len(segments))
+        if not self.unified:   # split: ubatches take consecutive sequence ids; in order, one pass
+            order = sorted(order, key=lambda i: segments[i][2])
+        for i in order:
+            (toks, start, seq_id), k = segments[i], outputs[i]
             m = len(toks)
-            firsts.append(row)
+            firsts[i] = row
             row += k
             self._tok[j:j + m] = toks
             self._pos[j:j + m] = np.arange(start, start + m, dtype=np.int32)
-            for i in range(j, j + m):
-                if slots[i] != seq_id:
-                    batch.seq_id[i][0] = seq_id
-                    slots[i] = seq_id
+            for r in range(j, j + m):
+                if slots[r] != seq_id:
+                    batch.seq_id[r][0] = seq_id
+                    slots[r] = seq_id
             j += m
             if k:
                 self._out[j - k:j] = 1

@@ -18,7 +18,8 @@ from llamaspec.runtime.offload import OffloadDecision
 from llamaspec.speculative.drafters.base import Drafter
 from llamaspec.speculative.drafters.factory import Built, build_drafter
 from llamaspec.speculative.engine import GenerationConfig, SpecEngine
-from llamaspec.speculative.options import DEFAULT_CTX, SpecOptions, default_draft_max, loads_mtp_layers, needs_draft_model
+from llamaspec.speculative.options import (DEFAULT_CTX, SpecOptions, default_draft_max, loads_mtp_layers,
+                                           needs_draft_model, parse_spec_types)
 from llamaspec.speculative.sampling_params import SamplingParams
 
 
@@ -93,8 +94,10 @@ def _build(target: Model, options: SpecOptions, placed: SpecOptions, offload, sa
         raise UsageError("--parallel with MTP drafting is not supported yet",
                          "use --parallel 1 with --spec-type mtp, or another spec type")
     # n_ctx is per sequence: llama.cpp gives each of n_seq_max sequences n_ctx / n_seq_max.
+    # Nothing drafted (--spec-type none): one row per sequence per step, where a split cache is
+    # faster (runtime/context.py); any drafting keeps the unified one (verify rows of any lengths).
     ctx = Context(target, ContextConfig(n_ctx=n_ctx * options.n_seq, n_threads=options.n_threads,
-                                        n_seq_max=options.n_seq))
+                                        n_seq_max=options.n_seq, kv_unified=bool(parse_spec_types(options.spec_types))))
     try:
         built = build_drafter(placed, target, ctx, sampling or SamplingParams(temperature=0.0))
     except BaseException:
