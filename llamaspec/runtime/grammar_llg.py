@@ -18,6 +18,7 @@ state starts as a deep copy of it, so a batch of requests with one schema compil
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Sequence
 
@@ -119,14 +120,14 @@ def _matcher(model, grammar: str):
     key = (id(model), grammar)
     with _TEMPLATE_LOCK:
         hit = _TEMPLATES.get(key)
-        if hit is not None and hit[0] is model:
+        if hit is not None and hit[0]() is model:   # (a weak reference: a dropped model is not kept)
             _TEMPLATES.move_to_end(key)
             return hit[1].deep_copy()
     m = LLMatcher(tokenizer(model), grammar, limits=limits(), log_level=0)
     if m.is_error():
         raise ValueError(m.get_error())
     with _TEMPLATE_LOCK:
-        _TEMPLATES[key] = (model, m)
+        _TEMPLATES[key] = (weakref.ref(model), m)
         while len(_TEMPLATES) > MAX_TEMPLATES:
             _TEMPLATES.popitem(last=False)
     return m.deep_copy()
