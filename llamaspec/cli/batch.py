@@ -212,7 +212,7 @@ def _requested(ident: dict, gen: GenerationOptions, ngram: NgramParams) -> dict:
     # penalties and a grammar only when set: a job started before they existed resumes as it was
     optional = {k: getattr(s, k) for k in ("presence_penalty", "frequency_penalty") if getattr(s, k)}
     if gen.grammar is not None:
-        optional["grammar"] = gen.grammar.gbnf
+        optional["grammar"] = gen.grammar.schema or gen.grammar.gbnf   # (a JSON schema: its text)
     draft = None if gen.draft is None else str(gen.draft)
     if draft is not None and os.path.exists(draft):
         draft = os.path.abspath(draft)
