@@ -21,8 +21,13 @@ the default run's texts are compared with plain's request by request; where they
 are rerun once, untimed, with logprobs (top 5) on those requests, and the logprob gap between the
 two tokens at the first difference is printed (below --eps: a near tie, batch-shape float noise).
 
+With --constraint-cost, both servers' plain sides also run the job with every schema taken out
+(`plain, no schema`): a constraint's cost in plain decoding is (tok/s with schema) / (tok/s
+without) on each server, and the line "constraint cost" compares ours with llama-server's (issue
+34: ours >= 0.95 of theirs). Texts without a schema are not validated.
+
     .venv/bin/python scripts/bench_structured.py MODEL --reps 5 --native-bin /work/native/build/bin \
-        [--job scripts/extraction_batch.jsonl] [-t 2] [-c 4096] [--only llamaspec] [--json FILE]
+        [--job scripts/extraction_batch.jsonl] [-t 2] [-c 4096] [--only llamaspec] [--constraint-cost] [--json FILE]
 """
 
 from __future__ import annotations
@@ -61,6 +66,15 @@ def line_schema(body: dict) -> dict | None:
     if rf.get("type") == "json_schema":
         return rf["json_schema"]["schema"]
     return {} if rf.get("type") == "json_object" else body.get("json_schema")
+
+
+NO_SCHEMA = "plain, no schema"
+
+
+def without_schemas(lines: list[dict]) -> list[dict]:
+    """The job with every line's constraint taken out (response_format, json_schema)."""
+    return [{**ln, "body": {k: v for k, v in ln["body"].items() if k not in ("response_format", "json_schema")}}
+            for ln in lines]
 
 
 def load() -> list[float]:
@@ -174,6 +188,8 @@ def validate(results: dict, lines: list[dict]) -> list[str]:
     bad = []
     for ln in lines:
         r, schema = results.get(ln["custom_id"]), line_schema(ln["body"])
+        if schema is None and "response_format" not in ln["body"]:   # (a no-schema side: any text)
+            continue
         try:
             jsonschema.validate(json.loads(r["text"]), schema or {})
         except (TypeError, ValueError, jsonschema.ValidationError):
@@ -281,6 +297,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--only", choices=["llamaspec", "llama-server"])
     ap.add_argument("--eps", type=float, default=0.1, help="logprob gap below which a difference is a near tie")
+    ap.add_argument("--constraint-cost", action="store_true",
+                    help="also run each server's plain side without the schemas (the constraint's cost)")
     ap.add_argument("--json", type=Path, metavar="FILE", help="write the whole result here")
     a = ap.parse_args()
     if not a.model.is_file():
@@ -288,12 +306,15 @@ def main() -> int:
     if min(a.threads, a.ctx_size, a.reps) < 1:
         raise BenchError("-t, -c and --reps must be at least 1")
     lines = read_job(a.job)
+    free_lines = without_schemas(lines)
     t, c, model = str(a.threads), str(a.ctx_size), str(a.model)
     batch = [sys.executable, "-m", "llamaspec", "batch", model, "-t", t, "-c", c, "--temp", "0", "--json", "-q"]
     cmds = {"plain": batch + ["--spec-type", "none"], "default": batch}
     sides: list[tuple[str, str, list[str]]] = []
     if a.only != "llama-server":
         sides += [("llamaspec", "plain", cmds["plain"]), ("llamaspec", "default", cmds["default"])]
+        if a.constraint_cost:
+            sides.append(("llamaspec", NO_SCHEMA, cmds["plain"]))
     if a.native_bin is not None and a.only != "llamaspec":
         native = a.native_bin / "llama-server"
         if not native.is_file():
@@ -301,6 +322,8 @@ def main() -> int:
         base = [str(native), "-m", model, "-np", "1", "-t", t, "-c", c, "--temp", "0", "--no-webui", "-ngl", "0"]
         cands = [shlex.split(s) for s in a.native_spec] if a.native_spec else native_types(native)
         sides.append(("llama-server", "plain", base))
+        if a.constraint_cost:
+            sides.append(("llama-server", NO_SCHEMA, base))
         sides += [("llama-server", shlex.join(x).replace("--spec-type ", ""), base + x) for x in cands]
     runs: dict[int, list[dict]] = {i: [] for i in range(len(sides))}
     failed: dict[int, str] = {}
@@ -308,17 +331,20 @@ def main() -> int:
            "reps": a.reps, "uptime_start": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}
     with tempfile.TemporaryDirectory(prefix="bench_structured_") as tmpdir:
         tmp = Path(tmpdir)
+        free_job = tmp / "no_schema.jsonl"
+        free_job.write_text("".join(json.dumps(ln) + "\n" for ln in free_lines))
         for rep in range(a.reps):
             order = list(range(len(sides)))
             for i in order[rep % len(order):] + order[:rep % len(order)]:
                 who, mode, cmd = sides[i]
                 if i in failed:
                     continue
+                free = mode == NO_SCHEMA
                 try:
                     if who == "llamaspec":
-                        r = run_batch(cmd, a.job, tmp / f"{mode}_{rep}.jsonl")
+                        r = run_batch(cmd, free_job if free else a.job, tmp / f"{mode.replace(', ', '_')}_{rep}.jsonl")
                     else:
-                        r = run_server(Server(f"{who} {mode}", cmd, tmp), lines)
+                        r = run_server(Server(f"{who} {mode}", cmd, tmp), free_lines if free else lines)
                 except BenchError as e:
                     print(f"  {who} {mode}: failed: {e}", file=sys.stderr)
                     failed[i] = str(e)
@@ -328,7 +354,7 @@ def main() -> int:
                 print(f"  rep {rep + 1} {who} {mode}: {r['wall_s']:.1f} s, {toks / r['wall_s']:.1f} tok/s, "
                       f"load {r['load_before'][0]} -> {r['load_after'][0]}", file=sys.stderr)
         rows = {(who, mode): {"server": who, "mode": mode, "threads": a.threads, "cmd": shlex.join(cmd),
-                              **summarize(runs[i], lines)}
+                              **summarize(runs[i], free_lines if mode == NO_SCHEMA else lines)}
                 for i, (who, mode, cmd) in enumerate(sides) if runs[i]}
         checks: dict = {}
         plain, spec = rows.get(("llamaspec", "plain")), rows.get(("llamaspec", "default"))
@@ -341,7 +367,7 @@ def main() -> int:
         ns_plain = next((i for i, s in enumerate(sides) if s[:2] == ("llama-server", "plain")), None)
         if ns_plain is not None and runs[ns_plain]:
             for i, (who, mode, _) in enumerate(sides):
-                if runs[i] and i != ns_plain:
+                if runs[i] and i != ns_plain and mode != NO_SCHEMA:
                     diff = differing(runs[ns_plain][0]["results"], runs[i][0]["results"])
                     checks[f"{who} {mode} vs llama-server plain"] = {"identical": len(lines) - len(diff),
                                                                      "compared": len(lines), "differing": diff}
@@ -353,6 +379,14 @@ def main() -> int:
         if spec and ref:
             ratios[f"default / {name}"] = {"job": round(ref["wall_s"] / spec["wall_s"], 3),
                                            "tok_s": round(spec["tok_s"] / ref["tok_s"], 3)}
+    cost = {}
+    for who in ("llamaspec", "llama-server"):
+        w, wo = rows.get((who, "plain")), rows.get((who, NO_SCHEMA))
+        if w and wo:
+            cost[who] = round(w["tok_s"] / wo["tok_s"], 3)   # with schema / without, plain decoding
+    if len(cost) == 2:
+        cost["ours / theirs"] = round(cost["llamaspec"] / cost["llama-server"], 3)
+    out["constraint_cost"] = cost
     out.update(uptime_end=subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
                sides=list(rows.values()) + [{"server": sides[i][0], "mode": sides[i][1], "error": e}
                                             for i, e in failed.items()],
@@ -381,6 +415,9 @@ def report(out: dict) -> None:
             print(f"{'':<4}invalid: {r['invalid_ids']} errors: {r['errors'][:2]} unstable: {r['unstable_across_reps']}")
     for k, v in out["ratios"].items():
         print(f"{k}: job {v['job']:.2f}x, tok/s {v['tok_s']:.2f}x")
+    if cost := out.get("constraint_cost"):
+        print("constraint cost in plain decoding (tok/s with schema / without): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in cost.items()))
     for k, ch in out["checks"].items():
         print(f"texts {k}: {ch['identical']}/{ch['compared']} identical" + (f", differing {ch['differing']}"
                                                                            if ch["differing"] else ""))
