@@ -25,7 +25,7 @@ BIAS_LIMIT = 100    # OpenAI's logit_bias range: -100..100
 def grammar_of(grammar: Any, json_schema: Any, *, grammar_field: str = "grammar",
                schema_field: str = "json_schema") -> "GrammarSpec | None":
     """The GrammarSpec of a GBNF text (or a GrammarSpec as is) or a JSON schema; None when neither.
-    Both given is a UsageError; a schema the converter cannot take a GrammarError naming its field."""
+    Both given is a UsageError; a schema the grammar engine cannot enforce a GrammarError naming its field."""
     from llamaspec.runtime.grammar import GrammarSpec, grammar_from_schema
 
     if grammar is not None and json_schema is not None:

@@ -201,3 +201,18 @@ def test_greedy_under_a_schema_is_the_same_with_speculation(model, smollm2_q4):
     jsonschema.validate(json.loads(ref.text), schema)
     assert spec_run.stats.accepted > 0
     assert np.isfinite(spec_run.stats.accepted)
+
+
+@pytest.mark.parametrize("schema, named", [
+    ({"type": "object", "patternProperties": {"^x": {"not": {"type": "string"}}}}, "'not' (at patternProperties.^x)"),
+    ({"type": "object", "properties": {"id": {"type": "string", "format": "uuid4"}}},
+     "'format: uuid4' (at properties.id)"),
+    ({"type": "array", "prefixItems": [{"type": "string"}], "additionalItems": {"uniqueItems": True}},
+     "'uniqueItems' (at additionalItems)"),
+])
+def test_a_refused_keyword_is_named_with_its_place(schema, named):
+    """llguidance's own refusals ("Unimplemented keys", "Unknown format") name no place: the
+    walk before it finds them first, inside patternProperties and additionalItems too."""
+    with pytest.raises(GrammarError) as e:
+        grammar_from_schema(schema, "response_format")
+    assert named in str(e.value) and e.value.field == "response_format"

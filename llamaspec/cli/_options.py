@@ -167,7 +167,7 @@ GrammarFileOpt = Annotated[Optional[Path], typer.Option(
     "--grammar-file", metavar="FILE", help="Read the GBNF grammar from FILE.")]
 JsonSchemaOpt = Annotated[Optional[str], typer.Option(
     "-j", "--json-schema", metavar="SCHEMA", help="Constrain the output to JSON that matches this JSON schema "
-    "('{}': any JSON value); converted to a grammar by llama.cpp's converter.")]
+    "('{}': any JSON value); enforced by llguidance, whitespace as llama.cpp's.")]
 JsonSchemaFileOpt = Annotated[Optional[Path], typer.Option(
     "-jf", "--json-schema-file", metavar="FILE", help="Read the JSON schema from FILE.")]
 

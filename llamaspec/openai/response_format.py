@@ -4,9 +4,8 @@
 as a GBNF alternation). At most one per request. Each becomes a GrammarSpec whose `field` names
 what the client sent, so a grammar llama.cpp refuses later is a 400 naming that field.
 
-vLLM's `guided_regex` stays refused (unsupported.py): llama.cpp's regex-to-GBNF step (its JSON
-schema converter's `pattern`, raw_pattern mode) misreads common classes such as \\d and \\w,
-so it would constrain to something else than the regex.
+vLLM's `guided_regex` stays refused (unsupported.py): no grammar kind takes a bare regular
+expression yet (a schema's `pattern` constrains a JSON string, quotes included).
 
     >>> choice_gbnf(["yes", 'say "no"'])
     'root ::= "yes" | "say \\\\"no\\\\""'
@@ -40,7 +39,7 @@ def _format_type(v: Any) -> Any:
 
 class JsonSchemaFormat(BaseModel):
     """response_format.json_schema: OpenAI's {name, schema, strict, description}. `strict` or not,
-    the schema is enforced by the grammar (llama.cpp's converter refuses what it cannot enforce)."""
+    the schema is enforced by the grammar (runtime/grammar.py refuses what it cannot enforce)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: Annotated[Optional[str], BeforeValidator(only(str, "a string"))] = None
@@ -139,7 +138,7 @@ def given(body: Any) -> list[str]:
 
 def constraint(body: Any) -> "GrammarSpec | None":
     """The GrammarSpec of a body's one constraint (None: none); two given is a RequestError naming
-    both, a schema the converter refuses one naming its field."""
+    both, a schema the engine refuses one naming its field."""
     from llamaspec.runtime.grammar import GrammarError, GrammarSpec, grammar_from_schema
     from llamaspec.runtime.grammar_bounds import check_gbnf
 

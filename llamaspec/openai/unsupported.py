@@ -71,8 +71,7 @@ UNSUPPORTED = {
 
 # Refused with their own reason: what to send instead.
 REASONS = {
-    "guided_regex": ("llama.cpp's regex-to-grammar conversion misreads common classes such as \\d and \\w; "
-                     "give the pattern as a GBNF grammar (guided_grammar) instead"),
+    "guided_regex": "a bare regular expression is not a constraint here; give it as a GBNF grammar (guided_grammar)",
     "functions": "send tools (the same functions, as [{\"type\": \"function\", \"function\": ...}])",
     "function_call": "send tool_choice",
 }

@@ -67,6 +67,8 @@ UNSUPPORTED_SCHEMA_KEYS = frozenset({
 _CONVERTER_UNSUPPORTED = UNSUPPORTED_SCHEMA_KEYS | {
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "minProperties",
     "maxProperties", "patternProperties"}
+# the formats llguidance enforces (others it refuses as "Unknown format", which names no place)
+LLG_FORMATS = frozenset({"date", "time", "date-time", "uuid", "email", "uri", "hostname", "ipv4", "ipv6", "duration"})
 _CONVERTER_FORMATS = frozenset({"date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5"})
 
 
@@ -85,12 +87,12 @@ def _unsupported(schema: Any, path: str, keys=UNSUPPORTED_SCHEMA_KEYS, formats=N
             return path or "schema", key
         if formats is not None and key == "format" and isinstance(value, str) and value not in formats:
             return path or "schema", f"format: {value}"
-        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
             for name, sub in value.items():
                 hit = _unsupported(sub, f"{path}.{key}.{name}" if path else f"{key}.{name}", keys, formats)
                 if hit:
                     return hit
-        elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties"):
+        elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf", "additionalProperties", "additionalItems"):
             hit = _unsupported(value, f"{path}.{key}" if path else key, keys, formats)
             if hit:
                 return hit
@@ -180,7 +182,7 @@ def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
     """
     from llamaspec.runtime import grammar_llg
 
-    schema = _closed(_checked(schema, field, UNSUPPORTED_SCHEMA_KEYS, None, "llguidance's JSON schema engine"))
+    schema = _closed(_checked(schema, field, UNSUPPORTED_SCHEMA_KEYS, LLG_FORMATS, "llguidance's JSON schema engine"))
     text = json.dumps(schema, ensure_ascii=False)   # (property order kept: it is the output's)
     key = _digest(text)
     if key not in _SCHEMAS:

@@ -11,8 +11,8 @@ How the forced text is found: from a clone of the sequence's live grammar state 
 the grammar allows: one token per single byte (printable ASCII, whitespace, and the byte tokens a
 vocabulary has for the rest), and the end-of-generation tokens. Exactly one byte allowed, and no
 EOG: that byte is forced; the clone accepts its token and the next byte is probed. Optional
-whitespace (`space ::= " "?` after every `:` and `,` in llama-cpp-python's schema grammars) allows
-a blank and one other byte; the drafter then does what this output did after the same text before
+whitespace (llama.cpp's bounded `space` rule after every `:` and `,` of a schema) allows a blank
+and another byte; the drafter then does what this output did after the same text before
 (a space after each `:`), and stops where the output has no such place yet.
 
 The forced text is tokenized by the target's tokenizer. Its last token may be one the model would
