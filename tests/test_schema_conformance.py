@@ -11,22 +11,66 @@ summary.txt: one line per failure; results.json: every output) for whoever fixes
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import best_match
 
 from llamaspec.generator import Generator, Request
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.grammar_errors import GrammarError
-from schema_corpus import EXAMPLES, FORMAT_SAMPLES, OUTSIDE, Case, corpus, format_checker, keywords
+from schema_corpus import EXAMPLES, OUTSIDE, Case, corpus, keywords
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+# ---- formats: jsonschema checks date-time, time, duration and hostname only with extra packages
+# (rfc3339-validator, isoduration, fqdn); without them a format passes unchecked. Ours, strict:
+_DATE = r"([0-9]{4})-([0-9]{2})-([0-9]{2})"
+_TIME = r"([01][0-9]|2[0-3]):([0-5][0-9]):([0-5][0-9]|60)(\.[0-9]+)?([zZ]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+_DUR_T = r"T([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S)"
+_DURATION = rf"P(([0-9]+D|[0-9]+M([0-9]+D)?|[0-9]+Y([0-9]+M([0-9]+D)?)?)({_DUR_T})?|{_DUR_T}|[0-9]+W)"
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def _date_ok(s: str) -> bool:
+    m = re.fullmatch(_DATE, s)
+    try:
+        return bool(m) and bool(datetime.date(*map(int, m.groups())))
+    except ValueError:
+        return False
+
+
+def format_checker() -> FormatChecker:
+    """Draft 2020-12's checkers (a bare FormatChecker() has draft 3's `time`: no time zone), plus ours."""
+    fc = FormatChecker(())
+    fc.checkers = dict(Draft202012Validator.FORMAT_CHECKER.checkers)
+    extra = {
+        "date-time": lambda s: (m := re.fullmatch(rf"({_DATE})[Tt]({_TIME})", s)) is not None and _date_ok(m.group(1)),
+        "time": lambda s: re.fullmatch(_TIME, s) is not None,
+        "duration": lambda s: re.fullmatch(_DURATION, s) is not None,
+        "hostname": lambda s: 0 < len(s) <= 253 and all(_LABEL.fullmatch(x) for x in s.split(".")),
+    }
+    for name, ok in extra.items():
+        if name not in fc.checkers:
+            fc.checks(name)(lambda s, ok=ok: not isinstance(s, str) or ok(s))
+    return fc
+
+
+FORMAT_SAMPLES = {   # format: (a valid value, an invalid one): the checker must tell them apart
+    "date": ("2024-02-29", "2023-02-29"), "time": ("09:30:00Z", "09:30"), "date-time": ("2024-01-01T09:30:00+01:00",
+                                                                                    "2024-01-01 09:30"),
+    "uuid": ("123e4567-e89b-12d3-a456-426614174000", "123e4567"), "email": ("a@b.com", "ab.com"),
+    "hostname": ("example.com", "-bad-.com"), "ipv4": ("192.168.0.1", "256.1.1.1"), "ipv6": ("::1", "1:::2"),
+    "duration": ("PT1H30M", "1H30M"),
+}
+
 
 CASES = corpus()
 OUTSIDE_CASES = [Case(f"outside-{name}", schema, f"Give {ask} as JSON. Reply with JSON only.", 120)
@@ -37,6 +81,7 @@ MODES = ([("greedy/default", {"temperature": 0.0}), ("greedy/none", {"temperatur
          + [(f"T1/seed{s}", {"temperature": 1.0, "seed": s}) for s in SEEDS])
 KEYWORD = {f"outside-{name}": keyword for name, keyword, _, _ in OUTSIDE}   # what a refusal must name
 PARALLEL = 8         # sequences decoded together: the API's many-requests path (generate_many)
+CTX = 1024           # context per sequence
 REPORT = Path("/tmp/conformance")
 REPO = Path(__file__).resolve().parents[1]
 
@@ -193,8 +238,9 @@ def conformance(request, smollm2_f16) -> Conformance:
     # request; one generator per speculation, both loaded once for the module.
     # F16: its greedy texts do not part between batch shapes where Q4_1's do (16 of 80 schemas, at
     # logit gaps of 0.01-0.3); it is faster here too.
-    with Generator(smollm2_f16, parallel=PARALLEL) as spec, \
-            Generator(smollm2_f16, spec_type="none", parallel=PARALLEL) as plain:
+    # (ctx_size: a sequence needs ~400 tokens; run's 4096 each would hold 1.5 GB of KV for nothing)
+    with Generator(smollm2_f16, parallel=PARALLEL, ctx_size=CTX) as spec, \
+            Generator(smollm2_f16, spec_type="none", parallel=PARALLEL, ctx_size=CTX) as plain:
         res.outcomes = _generate({"default": spec, "none": plain}, cases)
         res.seconds = time.monotonic() - start
         checker = format_checker()
