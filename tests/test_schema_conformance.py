@@ -234,8 +234,8 @@ def conformance(request, smollm2_f16) -> Conformance:
     if not cases:
         return res
     start = time.monotonic()
-    # `run`'s defaults (draft auto without downloads, its sampling, its context), the temperature per
-    # request; one generator per speculation, both loaded once for the module.
+    # `run`'s defaults (draft auto without downloads, its sampling), the temperature per request; one
+    # generator per speculation, both loaded once for the module.
     # F16: its greedy texts do not part between batch shapes where Q4_1's do (16 of 80 schemas, at
     # logit gaps of 0.01-0.3); it is faster here too.
     # (ctx_size: a sequence needs ~400 tokens; run's 4096 each would hold 1.5 GB of KV for nothing)
