@@ -24,10 +24,10 @@ def _e(tok_s, diff_at=None, ratio=None):
 def test_a_chain_whose_text_differs_is_flagged_and_never_best():
     per_mode = {"plain": [_e(10, ratio=1.0), _e(10, ratio=1.0)],
                 "default": [_e(12, ratio=1.2), _e(13, ratio=1.3)],
-                "ngram-mod": [_e(30, 4, 3.0), _e(30, ratio=3.0)],    # fast, but another text in rep 1
+                "ngram-mod": [_e(30, {"p": 4}, 3.0), _e(30, ratio=3.0)],    # fast, but another text in rep 1
                 "suffix": [_e(15, ratio=1.5), _e(14, ratio=1.4)]}
-    c = bl.summarize_cell("alone", "p", 32, per_mode, 0.0)
-    assert c["modes"]["ngram-mod"]["text_differs"] and c["modes"]["ngram-mod"]["first_diff_char"] == 4
+    c = bl.summarize_cell(("alone", "run", "p", "code", 32), per_mode, 0.0)
+    assert c["modes"]["ngram-mod"]["text_differs"] and c["modes"]["ngram-mod"]["first_diff"] == {"p": 4}
     assert c["best_chain"] == "suffix" and c["best_chain_ratio"] == pytest.approx(1.45)
     assert c["default_ratio"] == pytest.approx(1.25)
     assert c["default_vs_best"] == pytest.approx(statistics.median([12 / 15, 13 / 14]))
@@ -48,7 +48,7 @@ def test_layouts_are_checked(tmp_path):
 def test_one_tiny_layout_end_to_end(tiny_models, tmp_path):
     out = tmp_path / "r.json"
     r = subprocess.run([sys.executable, str(SCRIPTS / "bench_layouts.py"), "--layout", f"tiny={tiny_models['target']}",
-                        "-n", "4", "--reps", "1", "-t", "1", "--prompt", "story", "--chains", "ngram-simple",
+                        "-n", "4", "--reps", "1", "-t", "1", "--prompt", "story", "--chains", "ngram-simple", "--cells", "run",
                         "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "default/plain" in r.stdout and "tiny" in r.stdout
