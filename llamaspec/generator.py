@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple,
 from llamaspec.errors import ContextFullError, GenerationInterrupted, LlamaspecError, UsageError  # noqa: F401 (API)
 from llamaspec.openai_api import OpenAIMethods
 from llamaspec.request import REQUEST_FIELDS, Prompt, Request, Result, finish_reason  # noqa: F401 (API)
-from llamaspec.tune.draft_costs import prime, record_run
+from llamaspec.tune.draft_costs import record_run
 
 if TYPE_CHECKING:
     from llamaspec.generation_options import GenerationOptions
@@ -111,6 +111,7 @@ class Generator(OpenAIMethods):
         from llamaspec.runtime import wait_policy
 
         waits = wait_policy.apply(o.threads) or wait_policy.applied()   # before llama.cpp (and OpenMP) loads
+
         from llamaspec.speculative.options import NgramParams, SpecOptions
         from llamaspec.speculative.pipeline import load_pipeline
 
@@ -146,7 +147,6 @@ class Generator(OpenAIMethods):
         self.max_tokens, self.stop = o.max_tokens, list(o.stop)
         self.chat, self.system = o.chat, o.system
         self.pipeline = load_pipeline(r.target_path, self.options, self.sampling)
-        prime(self)   # the verify curve an earlier run measured here prices the first drafts
         if o.cache_ram_mib and not self.pipeline.target.needs_checkpoints:   # (a recurrent state is not a prefix)
             from llamaspec.speculative.prompt_cache import PromptCache
 

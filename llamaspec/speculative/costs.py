@@ -62,15 +62,9 @@ class CostModel:
 
     def __init__(self, verify_ratio_fn: Callable[[int], float] | None = None,
                  draft_ratio_value: float | None = None, default_slope: float = DEFAULT_SLOPE,
-                 draft_ratio_prior: float = 0.0, verify_prior: Sequence[float] | None = None,
+                 draft_ratio_prior: float = 0.0,
                  decay: float = 0.98):
         self.verify_ratio_fn = verify_ratio_fn
-        # t(k+1)/t(1) for k = 0.. as an earlier run measured it on this model and machine
-        # (tune/draft_costs.py): used until this run has timed a batch of its own, so a steep
-        # curve (a 1.5B Q4_K_M: t(6)/t(1) = 3.5 against the prior line's 1.95) is known before
-        # the first draft risks it
-        self.verify_prior = list(verify_prior) if verify_prior else None
-        self.batches_timed = 0
         self.draft_ratio_value = draft_ratio_value
         self.draft_ratio_prior = draft_ratio_prior  # before any draft is timed (measured at load)
         self.default_slope = default_slope
@@ -95,7 +89,6 @@ class CostModel:
         if n_tokens < 1 or not seconds > 0.0:
             return
         g = self.decay
-        self.batches_timed += n_tokens > 1
         self._since_one = 0 if n_tokens == 1 else self._since_one + 1
         if n_tokens == 1:
             self._one_w = self._one_w * g + 1.0
@@ -174,8 +167,6 @@ class CostModel:
         falling with k."""
         if self.verify_ratio_fn is not None:
             return [float(self.verify_ratio_fn(k)) for k in range(k_max + 1)]
-        if self.verify_prior and not self.batches_timed:
-            return _extended(self.verify_prior, k_max)
         ab = self.line()
         if ab is None:
             a, b = 1.0, self.default_slope
@@ -241,14 +232,3 @@ def marginal_charges(rows: Sequence[int], other_rows: int, seconds: float,
     base = curve(len(rows) + other_rows) / (len(rows) + other_rows)
     scale = seconds / t_all if t_all > 0 else 0.0
     return [scale * (base + t_all - curve(total - (r - 1))) for r in rows]
-
-
-def _extended(curve: Sequence[float], k_max: int) -> list[float]:
-    """curve[0..k_max], past its end along its last step (never falling, never below 1)."""
-    out = [max(1.0, float(x)) for x in curve[:k_max + 1]] or [1.0]
-    step = out[-1] - out[-2] if len(out) > 1 else 0.0
-    while len(out) < k_max + 1:
-        out.append(out[-1] + max(0.0, step))
-    for i in range(1, len(out)):
-        out[i] = max(out[i], out[i - 1])
-    return out

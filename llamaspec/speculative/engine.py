@@ -89,8 +89,6 @@ class SpecEngine:
         self._batch_cost = CostModel()
         # Each copying drafter's loss budget, kept across sequences (match_controller.RiskBudget).
         self._risk: dict[str, RiskBudget] = {}
-        # this target's verify curve as an earlier run measured it here (None: the prior line)
-        self.verify_prior: list[float] | None = None
         # The live grammar state of each sequence generating under one (seq_id -> GrammarState,
         # advanced by the emitted tokens only): drafters read it to cut or make drafts.
         self.grammars: dict = {}
@@ -235,7 +233,7 @@ class SpecEngine:
                 return DraftLengthController(n_min=n_min, n_max=n_max, cost=c, prior_alpha=prior_alpha,
                                              resume_tokens=resume)
 
-            cost = CostModel(draft_ratio_prior=d.measured_cost, verify_prior=self.verify_prior)
+            cost = CostModel(draft_ratio_prior=d.measured_cost)
             if fixed:
                 slope = CostModel().default_slope
                 cost = CostModel(verify_ratio_fn=lambda k, s=slope: (1.0 + s * (k + 1)) / (1.0 + s),

@@ -9,9 +9,6 @@ becomes a tuned configuration that `run` applies.
 
     record(target, draft, costs)          # after a run with the draft
     measured(target, draft) -> DraftCosts | None
-
-The target's own verify curve is kept the same way (the entry with no draft): the next run's
-controllers price their first drafts by it instead of a generic prior line (`prime`).
 """
 
 from __future__ import annotations
@@ -79,61 +76,14 @@ def from_controller(ctl, previous: DraftCosts | None = None) -> tuple[DraftCosts
     return DraftCosts(float(cost.draft_ratio), verify, alpha, "measured"), drafts
 
 
-#: batches of 2+ tokens a run must have timed before its verify curve is stored
-MIN_BATCHES = 8
-CURVE_K = 16
-
-
-def verify_curve(target: str | os.PathLike[str], threads: int | None, n_gpu_layers: int | None = None,
-                 parallel: int = 1) -> list[float] | None:
-    """t(k+1)/t(1), k = 0..CURVE_K, as the last run on this target, build, device, thread count
-    and --parallel measured it (with several sequences a drafting one is charged its rows' share
-    of a shared step: another curve); None if none did."""
-    cfg = store.lookup(target, None, n_gpu_layers, path=store_path())
-    d = cfg.measured.get("verify_curve") if cfg is not None else None
-    try:
-        if d["threads"] != threads or d.get("parallel", 1) != parallel:
-            return None
-        return [float(x) for x in d["verify"]]
-    except (TypeError, KeyError, ValueError):
-        return None
-
-
-def prime(gen) -> None:
-    """Before a run: give the engine the verify curve an earlier run measured here."""
-    r, o = getattr(gen, "resolved", None), gen.generation_options
-    if r is not None:
-        gen.pipeline.engine.verify_prior = verify_curve(r.target_path, o.threads, o.n_gpu_layers, o.parallel)
-
-
-def _record_curve(gen) -> None:
-    r, o = gen.resolved, gen.generation_options
-    costs = [c.cost for c in getattr(gen.pipeline.engine, "last_controllers", {}).values()
-             if getattr(c, "cost", None) is not None]
-    best = max(costs, key=lambda c: c.batches_timed, default=None)
-    if best is None or best.batches_timed < MIN_BATCHES or best.decode_seconds is None:
-        return
-    try:
-        config = store.TunedConfig("none", measured={"verify_curve": {
-            "verify": [round(x, 4) for x in best.verify_ratios(CURVE_K)], "threads": o.threads,
-            "parallel": o.parallel, "batches": best.batches_timed}})
-        store.save(r.target_path, None, config, o.n_gpu_layers, path=store_path())
-    except OSError as e:
-        log.warning("could not store the target's verify curve (%s)", e)
-
-
 def record_run(gen) -> None:
-    """After a run: store the target's verify curve and what its draft model's controller
-    measured (Generator.close calls it). The draft's part only when a draft-simple model ran and
-    timed a draft."""
+    """After a run: store what its draft model's controller measured (Generator.close calls it).
+    Nothing when no draft-simple model ran, or it never timed a draft."""
     from llamaspec.speculative.options import DRAFT_MODEL_TYPE
 
     resolved, n_gpu_layers = getattr(gen, "resolved", None), gen.generation_options.n_gpu_layers
-    if resolved is None:
-        return
-    _record_curve(gen)
     ctl = getattr(gen.pipeline.engine, "last_controllers", {}).get(DRAFT_MODEL_TYPE)
-    if ctl is None or resolved.draft_path is None:
+    if ctl is None or resolved is None or resolved.draft_path is None:
         return
     previous = measured(resolved.target_path, resolved.draft_path, n_gpu_layers)
     got = from_controller(ctl, previous)
