@@ -159,7 +159,7 @@ def tool_grammar(fmt: str, functions: list[dict], *, required: bool, parallel: b
     else:
         raise ValueError(f"unknown tool-call format {fmt!r}")
     gbnf = "\n".join(rules) + ("\n" + body if body else "") + "\n"
-    return GrammarSpec(gbnf, field=field, trigger_patterns=() if required else tuple(triggers))
+    return GrammarSpec(gbnf, field=field, trigger_patterns=() if required else tuple(triggers), special_text=True)
 
 
 def _builtin_rule(fn: dict, k: int, field: str, rules: list[str]) -> str:

@@ -49,6 +49,9 @@ class GrammarSpec:
     field: str = "grammar"
     trigger_patterns: tuple[str, ...] = ()
     trigger_tokens: tuple[int, ...] = ()
+    # llama.cpp's engine even when not lazy: its literals may be a special token's text (a tool
+    # call's "<tool_call>"), which llama.cpp matches as text and llguidance's tokenizer does not
+    special_text: bool = False
     schema: str | None = None
 
     @property
@@ -256,7 +259,7 @@ def engine_of(model, spec: GrammarSpec) -> tuple[str, str | None]:
         grammar = grammar_llg.schema_grammar(spec.schema)
         _llg_checked(model, grammar, spec.field)
         return "llguidance", grammar
-    if spec.lazy:
+    if spec.lazy or spec.special_text:
         return "llama.cpp", None
     path = _model_path(model)
     key = _digest(path, spec.gbnf, spec.root)
