@@ -216,3 +216,27 @@ def test_a_refused_keyword_is_named_with_its_place(schema, named):
     with pytest.raises(GrammarError) as e:
         grammar_from_schema(schema, "response_format")
     assert named in str(e.value) and e.value.field == "response_format"
+
+
+def test_numbers_times_and_emails_end_within_llama_cpps_bounds(model):
+    """A value the schema leaves endless has an end (runtime/schema_finite.py): SmolLM2 wrote
+    digits until max_tokens under {"type": "integer"}, "number" and format time before."""
+    integer = grammar_from_schema({"type": "integer"})
+    assert takes(model, integer, "9007199254740991") and takes(model, integer, "-9007199254740991")
+    assert not takes(model, integer, "1" + "0" * 16, whole=False)          # 17 digits
+    number = grammar_from_schema({"type": ["number", "null"]})
+    assert takes(model, number, "3.1415926535") and takes(model, number, "null") and takes(model, number, "-0.5")
+    assert not takes(model, number, "3.14159265358", whole=False)          # 11 fraction digits
+    # the schema's own bounds stand: a wider one is kept, a finer multipleOf too
+    wide = grammar_from_schema({"type": "integer", "maximum": 10**18})
+    assert takes(model, wide, "1" + "0" * 17) and not takes(model, wide, "-" + "1" * 17, whole=False)
+    fine = grammar_from_schema({"type": "number", "multipleOf": 0.5})
+    assert takes(model, fine, "2.5") and not takes(model, fine, "2.25", whole=False)
+    time = grammar_from_schema({"type": "string", "format": "time"})
+    assert takes(model, time, '"20:00:00.123456789+05:30"') and takes(model, time, '"20:00:00Z"')
+    assert not takes(model, time, '"20:00:00.1234567890123456Z"', whole=False)
+    email = grammar_from_schema({"type": "string", "format": "email"})
+    assert takes(model, email, '"ada@example.com"')
+    assert not takes(model, email, '"' + "a" * 65 + '@x.org"', whole=False)
+    own = grammar_from_schema({"type": "string", "format": "email", "pattern": "^.+@.+$"})   # theirs kept
+    assert takes(model, own, '"' + "a" * 65 + '@x.org"')

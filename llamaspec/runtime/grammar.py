@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from llamaspec.runtime import grammar_bounds, grammar_worker
+from llamaspec.runtime import grammar_bounds, grammar_worker, schema_finite
 from llamaspec.runtime.grammar_errors import GrammarError
 from llamaspec.runtime.grammar_schema import JSON_CHAR, JSON_SPACE
 
@@ -186,18 +186,23 @@ def grammar_from_schema(schema: Any, field: str = "json_schema") -> GrammarSpec:
     from llamaspec.runtime import grammar_llg
 
     schema = _closed(_checked(schema, field, UNSUPPORTED_SCHEMA_KEYS, LLG_FORMATS, "llguidance's JSON schema engine"))
-    text = json.dumps(schema, ensure_ascii=False)   # (property order kept: it is the output's)
-    key = _digest(text)
-    if key not in _SCHEMAS:
+    # (property order kept: it is the output's)
+    texts = [json.dumps(s, ensure_ascii=False) for s in (schema_finite.finite(schema), schema)]
+    first_why = None
+    for text in dict.fromkeys(texts):   # bounded; as written if llguidance cannot intersect the bounds
+        key = _digest(text)
+        if key in _SCHEMAS:
+            return GrammarSpec(field=field, schema=text)
         grammar = grammar_llg.schema_grammar(text)
         if grammar_worker.sandboxed():
             why = grammar_worker.check_llg(None, grammar, field)
         else:
             why = grammar_llg.compile_error(grammar)
-        if why:
-            raise GrammarError(f"{field}: the JSON schema cannot be compiled: {why}", field)
-        _remember(_SCHEMAS, key)
-    return GrammarSpec(field=field, schema=text)
+        if not why:
+            _remember(_SCHEMAS, key)
+            return GrammarSpec(field=field, schema=text)
+        first_why = first_why or why
+    raise GrammarError(f"{field}: the JSON schema cannot be compiled: {first_why}", field)
 
 
 _CONVERTED: dict[bytes, str] = {}   # recent schemas' GBNF (tool-call grammars)
