@@ -240,3 +240,20 @@ def test_numbers_times_and_emails_end_within_llama_cpps_bounds(model):
     assert not takes(model, email, '"' + "a" * 65 + '@x.org"', whole=False)
     own = grammar_from_schema({"type": "string", "format": "email", "pattern": "^.+@.+$"})   # theirs kept
     assert takes(model, own, '"' + "a" * 65 + '@x.org"')
+
+
+def test_a_gbnf_literal_holding_a_special_tokens_text_runs_on_llama_cpp(model):
+    """A model writes "<|im_start|>" as its one special token, which llguidance's tokenizer does
+    not take for the literal's text; llama.cpp's engine matches the token's text."""
+    spec = GrammarSpec('root ::= "a" "<|im_start|>" "b"')
+    assert engine_of(model, spec)[0] == "llama.cpp"
+    special = model.tokenize("<|im_start|>", add_special=False, parse_special=True)
+    assert len(special) == 1
+    state = GrammarState(model, spec)
+    try:
+        state.accept_all(model.tokenize("a", add_special=False))
+        assert state.allows(special[0])
+    finally:
+        state.close()
+    # a literal with brackets that are only text stays on llguidance
+    assert engine_of(model, GrammarSpec('root ::= "<b>" [a-z]+ "</b>"'))[0] == "llguidance"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -270,7 +271,9 @@ def engine_of(model, spec: GrammarSpec) -> tuple[str, str | None]:
     key = _digest(path, spec.gbnf, spec.root)
     if key not in _ENGINES:
         grammar_bounds.check_gbnf(spec.gbnf, spec.field)
-        if grammar_worker.sandboxed() and path is not None:
+        if _special_literal(model, spec.gbnf):
+            grammar = None
+        elif grammar_worker.sandboxed() and path is not None:
             grammar = grammar_worker.to_llg(path, spec.gbnf, spec.root, spec.field)
             if grammar is not None:
                 _remember(_LLG_OK, _digest(path, grammar))
@@ -279,6 +282,24 @@ def engine_of(model, spec: GrammarSpec) -> tuple[str, str | None]:
         _remember(_ENGINES, key, grammar)
     grammar = _ENGINES[key]
     return ("llguidance", grammar) if grammar is not None else ("llama.cpp", None)
+
+
+_LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+def _special_literal(model, gbnf: str) -> bool:
+    """Whether a literal of the grammar holds a special token's text ("<|im_end|>", "<tool_call>"):
+    llama.cpp's engine matches it as text, llguidance only as the special token, so a model
+    that writes the token would be refused ("the grammar refuses token 661") there."""
+    tokenize = getattr(model, "tokenize", None)
+    if tokenize is None:
+        return False
+    for text in dict.fromkeys(m.group(1) for m in _LITERAL.finditer(gbnf)):
+        if "<" in text or "[" in text:   # (special tokens' texts are bracketed)
+            if tokenize(text, add_special=False, parse_special=True) != tokenize(text, add_special=False,
+                                                                               parse_special=False):
+                return True
+    return False
 
 
 def _gbnf_llg(model, spec: GrammarSpec) -> str | None:
