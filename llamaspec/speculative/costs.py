@@ -224,11 +224,22 @@ def marginal_charges(rows: Sequence[int], other_rows: int, seconds: float,
         1.31
         >>> marginal_charges([5], 0, 0.03, flat)      # alone: the whole step
         [0.03]
+        >>> steep = lambda n: n ** 0.66                 # every sequence drafts 1: together they pay t(8) - t(4)
+        >>> c = marginal_charges([2, 2, 2, 2], 0, steep(8), steep)
+        >>> round(sum(c), 3) == round(steep(8), 3), round(c[0] - steep(4) / 4, 3)
+        (True, 0.362)
     """
     total = sum(rows) + other_rows
     if not rows or total <= 0:
         return []
     t_all = curve(total)
-    base = curve(len(rows) + other_rows) / (len(rows) + other_rows)
+    n0 = len(rows) + other_rows
+    base = curve(n0) / n0
     scale = seconds / t_all if t_all > 0 else 0.0
-    return [scale * (base + t_all - curve(total - (r - 1))) for r in rows]
+    # What drafting added to the step, t(T) - t(T0), shared by the drafting sequences in proportion
+    # to their marginal costs: on a concave curve the marginals alone sum to less than that when
+    # several draft at once, and drafting under load looked cheaper than it was.
+    marginal = [t_all - curve(total - (r - 1)) for r in rows]
+    surplus, paid = max(0.0, t_all - curve(n0)), sum(marginal)
+    share = surplus / paid if paid > 0 else 0.0
+    return [scale * (base + m * share) for m in marginal]
