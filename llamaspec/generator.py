@@ -255,7 +255,7 @@ class Generator(OpenAIMethods):
         return pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop, ignore_eos=bool(req.ignore_eos),
                                **structured.config_fields())
 
-    def _prepare(self, req: Request, fit: bool = True) -> Prepared:
+    def prepare(self, req: Request, fit: bool = True) -> Prepared:
         """(tokens, config, tool plan) of a request, or the UsageError that says why it cannot run.
         The server's preparing threads call it too, with fit=False: it says a prompt is too long its way."""
         from llamaspec.constraints import constraints
@@ -287,13 +287,13 @@ class Generator(OpenAIMethods):
             raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}")
         req = prompt if isinstance(prompt, Request) else Request(prompt)
         req = replace(req, **fields) if fields else req
-        tokens, config, tools = self._prepare(req)
+        tokens, config, tools = self.prepare(req)
         if stream:
             from llamaspec.streaming import TextStream
 
             if should_stop is not None:
                 raise UsageError("should_stop is for generate without stream", "stop iterating the stream instead")
-            return TextStream(self._pipeline().engine, tokens, config, lambda g: self._result(req.id or "0", g, tools),
+            return TextStream(self._pipeline().engine, tokens, config, lambda g: self.result(req.id or "0", g, tools),
                               on_text, owner=self._owner, tools=tools)
         asked, closed = [], []   # should_stop said stop: a normal end, not an interrupt
 
@@ -312,7 +312,7 @@ class Generator(OpenAIMethods):
             self._owner.release()
         if closed:
             self._owner.check()
-        result = self._result(req.id or "0", gen, tools)
+        result = self.result(req.id or "0", gen, tools)
         if gen.stop_reason == "interrupted" and not asked:   # the engine caught a KeyboardInterrupt
             raise GenerationInterrupted(result)
         return result
@@ -337,7 +337,7 @@ class Generator(OpenAIMethods):
                 req = p if isinstance(p, Request) else Request(p)
                 key = req.id if req.id is not None else str(i)
                 try:
-                    tokens, config, tools = self._prepare(req)
+                    tokens, config, tools = self.prepare(req)
                 except LlamaspecError as e:
                     failed.append(self._failure(key, e))
                     continue
@@ -355,7 +355,7 @@ class Generator(OpenAIMethods):
                 yield from failed
                 failed.clear()
                 tools = plans.pop(key, None)
-                yield self._failure(key, gen) if isinstance(gen, LlamaspecError) else self._result(key, gen, tools)
+                yield self._failure(key, gen) if isinstance(gen, LlamaspecError) else self.result(key, gen, tools)
                 self._owner.check()
         except GenerationInterrupted:
             raise
@@ -371,7 +371,7 @@ class Generator(OpenAIMethods):
     def _failure(key: str, error: LlamaspecError) -> Result:
         return Result(key, "", [], "error", "error", 0, {}, error)
 
-    def _result(self, key: str, gen, tools: "ToolPlan | None" = None) -> Result:
+    def result(self, key: str, gen, tools: "ToolPlan | None" = None) -> Result:
         """The Result of a finished generation; tools: the plan its calls are parsed with."""
         from llamaspec.constraints import tool_reply
         from llamaspec.speculative.report import generation_dict

@@ -11,7 +11,7 @@ import typer
 
 from llamaspec.cli._options import (
     CTX_SIZE_CHECK, AmxOpt, ChatOpt, DraftMaxOpt, DraftPMinOpt, FixedDraftOpt, ForceDraftOpt, GrammarFileOpt,
-    GrammarOpt, JsonSchemaFileOpt, JsonSchemaOpt, OfflineOpt, ThreadsOpt, _flag_group, at_least, check_draft_exists,
+    GrammarOpt, JsonSchemaFileOpt, JsonSchemaOpt, OfflineOpt, ThreadsOpt, flag_group, at_least, check_draft_exists,
     draft_length, grammar_flags, in_range,
 )
 from llamaspec.errors import UsageError
@@ -132,7 +132,7 @@ def _generation_options(**v: Any) -> "GenerationOptions":
 
 
 # run and batch: the command gets `gen`, a GenerationOptions (the model, ngram and parallel apart).
-generation_flags = _flag_group("gen", {
+generation_flags = flag_group("gen", {
     "draft": (DraftOpt, None), "spec_type": (SpecTypeOpt, None), "draft_max": (DraftMaxOpt, None),
     "draft_min": (DraftMinOpt, 0), "draft_p_min": (DraftPMinOpt, 0.0), "fixed_k": (FixedDraftOpt, False),
     "n_predict": (NPredictOpt, 256), "temp": (TempOpt, 0.8), "top_k": (TopKOpt, 40), "top_p": (TopPOpt, 0.95),

@@ -224,7 +224,7 @@ def grammar_flags(grammar: str | None, grammar_file: Path | None, json_schema: s
 # ---- flag groups ---------------------------------------------------------------------------------
 
 
-def _flag_group(name: str, flags: dict[str, tuple[Any, Any]], build: Callable[..., Any]):
+def flag_group(name: str, flags: dict[str, tuple[Any, Any]], build: Callable[..., Any]):
     """A decorator: the command's keyword-only parameter `name` becomes `flags` (parameter name
     -> (Annotated type, default)) at the same place in its --help, and the command is called with
     `name` = build(**the values of those flags)."""
@@ -261,7 +261,7 @@ QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help="Print only the es
 VerboseOpt = Annotated[bool, typer.Option("-v", "--verbose", help="More detail on stderr.")]
 
 # Every command: how it prints. The command gets `out`, the configured printer.
-output_flags = _flag_group(
+output_flags = flag_group(
     "out", {"json": (JsonOpt, False), "quiet": (QuietOpt, False), "verbose": (VerboseOpt, False)},
     lambda json, quiet, verbose: output.configure(json=json, quiet=quiet, verbose=verbose))
 
@@ -348,7 +348,7 @@ def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, 
 
 
 # run and bench: the command gets `ngram`, checked NgramParams.
-ngram_flags = _flag_group(
+ngram_flags = flag_group(
     "ngram", {"ngram_size_n": (NgramSizeNOpt, None), "ngram_size_m": (NgramSizeMOpt, None),
               "ngram_mod_match": (NgramModMatchOpt, None), "ngram_mod_min": (NgramModMinOpt, None),
               "ngram_mod_max": (NgramModMaxOpt, None), "map_k_size_n": (NgramMapKSizeNOpt, None),
