@@ -90,7 +90,7 @@ def check_max_tokens(value, name: str = "max_tokens") -> int:
     if value is None:
         return NO_LIMIT
     if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-        raise UsageError(f"{name} must be an integer >= 0 (-1 or None: no limit), not {value!r}")
+        raise UsageError(f"{name} must be an integer >= 0 (-1 or None: no limit), not {value!r}", field=name)
     return NO_LIMIT if value == -1 else value
 
 

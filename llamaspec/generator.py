@@ -217,14 +217,14 @@ class Generator(OpenAIMethods):
         if isinstance(prompt, Request):
             raise UsageError("tokenize takes the prompt, not a Request", "pass request.prompt")
         if not isinstance(prompt, str) and not isinstance(prompt, (list, tuple)):
-            raise UsageError(f"prompt must be text or a list of chat messages, not {type(prompt).__name__}")
+            raise UsageError(f"prompt must be text or a list of chat messages, not {type(prompt).__name__}", field="prompt")
         if isinstance(prompt, str):
             chat = self.chat if chat is None else chat
             use_chat = chat if chat is not None else target.chat_template is not None
             if not use_chat:
                 if tools is not None:
                     raise UsageError("tools need chat mode (the chat template renders them)",
-                                     "drop --raw / chat=False, or send chat messages")
+                                     "drop --raw / chat=False, or send chat messages", field="tools")
                 if self.system:
                     raise UsageError("--system needs chat mode", "drop --raw, or put the system text in the prompt")
                 return target.tokenize_prompt(prompt)
@@ -263,7 +263,7 @@ class Generator(OpenAIMethods):
         for name, kind in (("id", str), ("chat", bool)):
             if getattr(req, name) is not None and not isinstance(getattr(req, name), kind):
                 raise UsageError(f"{name} must be {'a string' if kind is str else 'True or False'} or None, "
-                                 f"not {getattr(req, name)!r}")
+                                 f"not {getattr(req, name)!r}", field=name)
         with self._owner.reading():   # close() does not free the model meanwhile
             target = self._pipeline().target
             structured = constraints(req, target, self.generation_options.grammar, target.chat_template)

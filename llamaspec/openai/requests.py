@@ -22,12 +22,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from llamaspec.openai import response_format as rf
 from llamaspec.openai.fields import (CHAT, COMPLETION, MAX_STOP_BYTES, MAX_STOPS, NO_LIMIT, RequestError, jtype,
-                                     param_of, parse_stop, shown)
+                                     parse_stop, shown)
 from llamaspec.openai.messages import Message, Refused, checked_int, checked_number, strict, to_request_error
 from llamaspec.openai.unsupported import unsupported_field
 
 __all__ = ["CHAT", "COMPLETION", "MAX_STOPS", "MAX_STOP_BYTES", "NO_LIMIT", "ChatBody", "CompletionBody", "Parsed",
-           "RequestError", "jtype", "param_of", "parse_chat", "parse_completion", "parse_messages", "parse_stop"]
+           "RequestError", "jtype", "parse_chat", "parse_completion", "parse_messages", "parse_stop"]
 
 Number = Annotated[Optional[float], BeforeValidator(checked_number)]   # finite, float32's range
 Int64 = Annotated[Optional[int], BeforeValidator(checked_int)]

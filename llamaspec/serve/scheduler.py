@@ -36,7 +36,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
 from llamaspec.errors import LlamaspecError, UsageError
-from llamaspec.openai.fields import param_of
 from llamaspec.serve.job import Job, fault_point, prepare
 from llamaspec.serve.prefill import PrefillBudget
 from llamaspec.serve.profile import from_env as profile_from_env
@@ -254,7 +253,7 @@ class Scheduler:
             fault_point(job, "prepare")
             job.tokens, job.config, job.tools = prepare(self.gen, job.request)
         except UsageError as e:
-            return self._fail(job, 400, e.message, param_of(e))
+            return self._fail(job, 400, e.message, e.field)   # (the field it names: OpenAI's param)
         except LlamaspecError as e:   # a chat template that refuses these messages
             return self._fail(job, 400, e.message, job.field_prompt)
         except Exception as e:  # noqa: BLE001

@@ -113,9 +113,10 @@ def bias_vector(logit_bias, n_vocab: int) -> np.ndarray:
     for tok, b in logit_bias.items():
         if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or not 0 <= tok < n_vocab:
             raise UsageError(f"logit_bias: token id {tok!r} is not in the model's vocabulary (0..{n_vocab - 1})",
-                             "give token ids of this model")
+                             "give token ids of this model", field="logit_bias")
         if isinstance(b, bool) or not isinstance(b, (int, float)) or math.isnan(b) or b == math.inf:
-            raise UsageError(f"logit_bias: the bias of token {tok} must be a number (-inf or -100 bans it), not {b!r}")
+            raise UsageError(f"logit_bias: the bias of token {tok} must be a number (-inf or -100 bans it), not {b!r}",
+                             field="logit_bias")
         out[int(tok)] += b
     return out
 

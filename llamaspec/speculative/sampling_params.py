@@ -45,11 +45,11 @@ class SamplingParams:
                                ("presence_penalty", lambda v: -2 <= v <= 2, "in [-2, 2] (0 = off)")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-                raise UsageError(f"{name} must be a number {rule}, not {value!r}")
+                raise UsageError(f"{name} must be a number {rule}, not {value!r}", field=name)
             if not sampling_number_ok(value):   # inf, NaN, 1e-310, 1e300: logits would turn inf or NaN
-                raise UsageError(f"{name} must be {SAMPLING_NUMBER}, not {value!r}")
+                raise UsageError(f"{name} must be {SAMPLING_NUMBER}, not {value!r}", field=name)
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
-            raise UsageError(f"top_k must be an integer (<= 0: off), not {self.top_k!r}")
+            raise UsageError(f"top_k must be an integer (<= 0: off), not {self.top_k!r}", field="top_k")
         object.__setattr__(self, "seed", check_seed(self.seed))
 
     @property
@@ -87,10 +87,11 @@ def check_seed(seed: object) -> int | None:
     if seed is None:
         return None
     if isinstance(seed, bool) or not hasattr(seed, "__index__"):   # int, numpy integers
-        raise UsageError(f"seed must be an integer (-1: random), not {seed!r}")
+        raise UsageError(f"seed must be an integer (-1: random), not {seed!r}", field="seed")
     seed = operator.index(seed)
     if not INT64_MIN <= seed <= INT64_MAX:
-        raise UsageError(f"seed must be a 64-bit integer (between -2^63 and 2^63-1; -1: random), not {seed}")
+        raise UsageError(f"seed must be a 64-bit integer (between -2^63 and 2^63-1; -1: random), not {seed}",
+                         field="seed")
     return None if seed in RANDOM_SEEDS else seed
 
 
