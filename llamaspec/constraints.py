@@ -7,11 +7,11 @@ a grammar is compiled once against the target here, so a bad one never reaches t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from llamaspec.errors import UsageError
+from llamaspec.knobs import bias_ok, bias_refused
 
 if TYPE_CHECKING:
     from llamaspec.openai.tools import ToolPlan
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from llamaspec.runtime.grammar import GrammarSpec
 
 MAX_LOGPROBS = 20   # OpenAI's top_logprobs limit
-BIAS_LIMIT = 100    # OpenAI's logit_bias range: -100..100
 
 
 def grammar_of(grammar: Any, json_schema: Any, *, grammar_field: str = "grammar",
@@ -78,11 +77,9 @@ def check_logit_bias(bias: Any, n_vocab: int, name: str = "logit_bias") -> dict[
         if tok is None or not 0 <= tok < n_vocab:
             raise UsageError(f"{name}: {key!r} is not a token id of this model (0 to {n_vocab - 1})",
                              "tokenize the text to find its ids", field=name)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
-            -BIAS_LIMIT <= value <= BIAS_LIMIT or value == -math.inf)
-        if not ok:
-            raise UsageError(f"{name}[{key}] must be a number from -{BIAS_LIMIT} to {BIAS_LIMIT}, not {value!r}",
-                             "-100 bans the token, 100 all but forces it", field=name)
+        if not bias_ok(value):
+            raise UsageError(bias_refused(name, key, repr(value)), "-100 bans the token, 100 all but forces it",
+                             field=name)
         out[tok] = float(value)
     return out or None
 

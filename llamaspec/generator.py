@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from llamaspec.errors import ContextFullError, GenerationInterrupted, LlamaspecError, UsageError  # noqa: F401 (API)
+from llamaspec.knobs import DEFAULT as K, DRAFTING, SAMPLING
 from llamaspec.openai_api import OpenAIMethods
 from llamaspec.request import REQUEST_FIELDS, Prompt, Request, Result, finish_reason  # noqa: F401 (API)
 from llamaspec.tune.draft_costs import record_run
@@ -70,16 +71,16 @@ class Generator(OpenAIMethods):
     thread is a UsageError. After close(), every call and every open stream raises UsageError.
     """
 
-    def __init__(self, model: str | Path | None = None, *, draft: str | Path | None = None,
-                 spec_type: str | None = None, draft_max: int | None = None, draft_min: int = 0,
-                 draft_p_min: float = 0.0, adaptive: bool = True, ctx_size: int | None = None,
+    def __init__(self, model: str | Path | None = None, *, draft: str | Path | None = None,   # (K: knobs.py)
+                 spec_type: str | None = None, draft_max: int | None = K.draft_max, draft_min: int = K.draft_min,
+                 draft_p_min: float = K.draft_p_min, adaptive: bool = True, ctx_size: int | None = None,
                  threads: int | None = None, n_gpu_layers: int | None = None, n_gpu_layers_draft: int | None = None,
                  amx: bool | None = None, ngram=None, parallel: int = 1,
-                 temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0, seed: int | None = None,
-                 max_tokens: int | None = None, stop: Sequence[str] = (), chat: bool | None = None,
-                 system: str | None = None, offline: bool = False, force_draft: bool = False,
+                 temperature: float = K.temperature, top_k: int = K.top_k, top_p: float = K.top_p,
+                 min_p: float = K.min_p, repeat_penalty: float = K.repeat_penalty, repeat_last_n: int = K.repeat_last_n,
+                 presence_penalty: float = K.presence_penalty, frequency_penalty: float = K.frequency_penalty,
+                 seed: int | None = K.seed, max_tokens: int | None = K.max_tokens, stop: Sequence[str] = (),
+                 chat: bool | None = None, system: str | None = None, offline: bool = False, force_draft: bool = False,
                  search: Sequence[Path] = (), tuned: bool = True, spec_replace: Sequence[tuple[str, str]] = (),
                  grammar: str | None = None, json_schema: dict | str | bool | None = None):
         from llamaspec.constraints import grammar_of
@@ -195,13 +196,11 @@ class Generator(OpenAIMethods):
 
     def describe(self) -> dict[str, Any]:
         """Model, draft and settings: what a batch job's resume check compares."""
-        r, o, s = self.resolved, self.options, self.sampling
+        r, o, s = self.resolved, self.options, self.sampling   # (the knobs: the table's, knobs.py)
         return {"model": str(r.target_path), "model_size": r.target_path.stat().st_size,
                 "draft": str(r.draft_path) if r.draft_path else None, "spec_type": r.spec_label,
-                "draft_max": o.draft_max, "draft_min": o.draft_min, "draft_p_min": o.draft_p_min,
-                "adaptive": o.adaptive, "n_ctx": self.n_ctx, "temperature": s.temperature, "top_k": s.top_k,
-                "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty,
-                "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty, "seed": s.seed,
+                **{k: getattr(o, k) for k in DRAFTING}, "adaptive": o.adaptive, "n_ctx": self.n_ctx,
+                **{k: getattr(s, k) for k in SAMPLING},
                 "max_tokens": self.max_tokens, "stop": self.stop, "chat": self.chat, "system": self.system}
 
     # -- generating ----------------------------------------------------------------------------

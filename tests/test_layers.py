@@ -11,8 +11,9 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "llamaspec"
 
-# layer -> the layers it may import (errors.py and _version.py sit below all; cli and the public
-# API, llamaspec/__init__.py, on top)
+# layer -> the layers it may import (errors.py, _version.py and knobs.py, the table of sampling and
+# drafting settings that every layer reads, sit below all; cli and the public API,
+# llamaspec/__init__.py, on top)
 ALLOWED = {
     "errors": set(),
     "gguf": {"errors"},
@@ -54,7 +55,7 @@ def _layer(module: str) -> str:
     if len(parts) == 1:
         return "api"
     # a top-level module (generator.py, resolve.py, ...) is the public API, a package its own layer
-    top = {"__main__": "cli", "_version": "errors", "errors": "errors", "openai": "format"}
+    top = {"__main__": "cli", "_version": "errors", "errors": "errors", "knobs": "errors", "openai": "format"}
     return top.get(parts[1], "api" if (PKG / f"{parts[1]}.py").is_file() else parts[1])
 
 
