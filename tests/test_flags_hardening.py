@@ -38,10 +38,10 @@ RUN_BATCH_FLAGS = [   # flags of run and batch (the shared generation flags): (a
     (["-c", "-5"], "-c/--ctx-size must be >= 0"),
     (["-t", "-1"], "-t/--threads must be >= 0"),
     (["--draft-min", "5", "--draft-max", "3"], "--draft-min 5 exceeds --draft-max 3"),
-    (["--draft-min", "-1"], "--draft-min must be >= 0"),
-    (["--draft-min", "600"], "--draft-min must be at most 511"),
-    (["--draft-max", "-1"], "--draft-max must be >= 0"),
-    (["--draft-max", "600"], "--draft-max must be at most 511"),
+    (["--draft-min", "-1"], "--draft-min must be in [0, 511], got -1"),   # (the knob table's range)
+    (["--draft-min", "600"], "--draft-min must be in [0, 511], got 600"),
+    (["--draft-max", "-1"], "--draft-max must be in [0, 511], got -1"),
+    (["--draft-max", "600"], "--draft-max must be in [0, 511], got 600"),
     (["--draft-p-min", "1.5"], "--draft-p-min must be in [0, 1]"),
     (["--top-p", "0"], "--top-p must be in (0, 1]"),
     (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
@@ -55,7 +55,7 @@ RUN_BATCH_FLAGS = [   # flags of run and batch (the shared generation flags): (a
     (["-ngld", "many"], "-ngld takes a number of layers"),
     (["--spec-ngram-mod-n-min", "10", "--spec-ngram-mod-n-max", "5"], "--spec-ngram-mod-n-min must not exceed"),
     (["--spec-ngram-simple-size-n", "0"], "--spec-ngram-simple-size-n must be >= 1"),
-    (["--spec-ngram-mod-n-max", "600"], "--spec-ngram-mod-n-max must be at most 511"),
+    (["--spec-ngram-mod-n-max", "600"], "--spec-ngram-mod-n-max must be in [1, 511], got 600"),
     (["--spec-prompt-lookup-n-min", "9", "--spec-prompt-lookup-n-max", "4"], "--spec-prompt-lookup-n-min must not"),
     (["--draft-max", "abc"], "--draft-max"),
 ]
