@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from llamaspec.errors import (INT64_MAX, INT64_MIN, SAMPLING_NUMBER, UsageError, bounds, jtype, must_be,
-                              sampling_number_ok)
+from llamaspec.errors import INT64_MAX, INT64_MIN, SAMPLING_NUMBER, UsageError, jtype, must_be, sampling_number_ok
 
 __all__ = ["Knob", "KNOBS", "DEFAULT", "SAMPLING", "DRAFTING", "PER_REQUEST", "MAX_DRAFT", "DRAFT_HINT", "BIAS_LIMIT",
            "check", "check_draft_min", "bias_ok", "bias_refused"]
@@ -79,13 +78,6 @@ class Knob:
         """The command line's default."""
         return self.default if self.cli_default is _SAME else self.cli_default
 
-    @property
-    def range(self) -> str:
-        """'>= 0', 'in (0, 1]', ... ('' when unbounded)."""
-        if self.low is None and self.high is None:
-            return ""
-        return bounds(self.low, self.high, open_low=self.open_low)
-
 
 KNOBS: dict[str, Knob] = {k.name: k for k in (
     # -- target sampling (SamplingParams; llama.cpp's defaults, common_params_sampling)
@@ -96,8 +88,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "probability; 1: off.", low=0, high=1, open_low=True, wire="top_p"),
     Knob("min_p", ("--min-p",), float, 0.05, "Drop tokens less likely than this times the most likely one; 0: off.",
          low=0, high=1, wire="min_p"),
-    Knob("repeat_penalty", ("--repeat-penalty",), float, 1.0, "Divides the logit of every token in the last "
-         "--repeat-last-n; 1 = off.", low=0, open_low=True, note="1 is off", wire="repeat_penalty"),
+    Knob("repeat_penalty", ("--repeat-penalty",), float, 1.0, "Penalizes the tokens in the last --repeat-last-n "
+         "(a positive logit divided by it, a negative one multiplied); 1 = off.", low=0, open_low=True, note="1 is off", wire="repeat_penalty"),
     Knob("repeat_last_n", ("--repeat-last-n",), int, 64, "Tokens the penalties look back over; -1: all, 0: off.",
          low=-1, note="-1: every token, 0: off"),
     # the penalties: OpenAI's range; llama.cpp takes any value, but outside it a token's logit moves

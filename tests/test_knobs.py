@@ -7,6 +7,7 @@ the UsageError (`field`), not recovered from the message."""
 from __future__ import annotations
 
 import dataclasses
+import doctest
 import inspect
 import json
 import os
@@ -38,6 +39,15 @@ def _bad(k: knobs.Knob):
     return k.high + 1
 
 
+def test_doctests():
+    from llamaspec import errors
+    from llamaspec.speculative import sampling_params
+
+    for mod in (knobs, errors, sampling_params):
+        r = doctest.testmod(mod)
+        assert r.failed == 0 and r.attempted > 0, mod.__name__
+
+
 def test_the_defaults_are_llama_cpps():
     d = knobs.DEFAULT
     assert (d.temperature, d.top_k, d.top_p, d.min_p, d.repeat_penalty, d.repeat_last_n) == (0.8, 40, 0.95, 0.05, 1.0, 64)
@@ -61,12 +71,12 @@ def test_run_help_shows_each_knobs_table_default():
     blocks = re.split(r"\n(?=\s{2}-)", r.stdout)   # one option per block (its help wraps under it)
     for k in knobs.KNOBS.values():
         (block,) = [b for b in blocks if b.strip().startswith(", ".join(k.flags) + " ")]
-        text = " ".join(block.split())
-        assert " ".join(k.help.split()) in text, (k.name, text)
+        text = "".join(block.split())   # (without whitespace: the help wraps, at hyphens too)
+        assert "".join(k.help.split()) in text, (k.name, block)
         if k.cli is None:
-            assert "[default:" not in text, (k.name, text)
+            assert "[default:" not in text, (k.name, block)
         else:
-            assert f"[default: {k.cli}]" in text, (k.name, text)
+            assert f"[default:{k.cli}]" in text, (k.name, block)
 
 
 def test_generator_signature_and_the_options_types_default_to_the_table():
