@@ -7,11 +7,11 @@ a grammar is compiled once against the target here, so a bad one never reaches t
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from llamaspec.errors import UsageError
+from llamaspec.knobs import bias_ok, bias_refused
 
 if TYPE_CHECKING:
     from llamaspec.openai.tools import ToolPlan
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from llamaspec.runtime.grammar import GrammarSpec
 
 MAX_LOGPROBS = 20   # OpenAI's top_logprobs limit
-BIAS_LIMIT = 100    # OpenAI's logit_bias range: -100..100
 
 
 def grammar_of(grammar: Any, json_schema: Any, *, grammar_field: str = "grammar",
@@ -30,13 +29,14 @@ def grammar_of(grammar: Any, json_schema: Any, *, grammar_field: str = "grammar"
 
     if grammar is not None and json_schema is not None:
         raise UsageError(f"give {grammar_field} or {schema_field}, not both",
-                         f"a JSON schema is a grammar already: keep {schema_field}, or write it all as GBNF")
+                         f"a JSON schema is a grammar already: keep {schema_field}, or write it all as GBNF",
+                         field=schema_field)
     if isinstance(grammar, GrammarSpec):
         return grammar
     if grammar is not None:
         if not isinstance(grammar, str) or not grammar.strip():
             raise UsageError(f"{grammar_field} must be a GBNF grammar (non-empty text), not {grammar!r:.60}",
-                             'e.g. root ::= "yes" | "no"')
+                             'e.g. root ::= "yes" | "no"', field=grammar_field)
         from llamaspec.runtime.grammar_bounds import check_gbnf
 
         check_gbnf(grammar, grammar_field)
@@ -67,7 +67,8 @@ def check_logit_bias(bias: Any, n_vocab: int, name: str = "logit_bias") -> dict[
     if bias is None:
         return None
     if not isinstance(bias, Mapping):
-        raise UsageError(f"{name} must map token ids to biases, not {type(bias).__name__}", '{"15339": -100}')
+        raise UsageError(f"{name} must map token ids to biases, not {type(bias).__name__}", '{"15339": -100}',
+                         field=name)
     out: dict[int, float] = {}
     for key, value in bias.items():
         tok = key if isinstance(key, int) and not isinstance(key, bool) else None
@@ -75,12 +76,10 @@ def check_logit_bias(bias: Any, n_vocab: int, name: str = "logit_bias") -> dict[
             tok = int(key)
         if tok is None or not 0 <= tok < n_vocab:
             raise UsageError(f"{name}: {key!r} is not a token id of this model (0 to {n_vocab - 1})",
-                             "tokenize the text to find its ids")
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
-            -BIAS_LIMIT <= value <= BIAS_LIMIT or value == -math.inf)
-        if not ok:
-            raise UsageError(f"{name}[{key}] must be a number from -{BIAS_LIMIT} to {BIAS_LIMIT}, not {value!r}",
-                             "-100 bans the token, 100 all but forces it")
+                             "tokenize the text to find its ids", field=name)
+        if not bias_ok(value):
+            raise UsageError(bias_refused(name, key, repr(value)), "-100 bans the token, 100 all but forces it",
+                             field=name)
         out[tok] = float(value)
     return out or None
 
@@ -91,7 +90,7 @@ def check_logprobs(n: Any, name: str = "logprobs") -> int | None:
         return None
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS:
         raise UsageError(f"{name} must be an integer from 0 to {MAX_LOGPROBS} (alternatives per token), not {n!r}",
-                         "0 gives each token's own logprob only")
+                         "0 gives each token's own logprob only", field=name)
     return n
 
 
@@ -128,7 +127,8 @@ def constraints(req: "Request", target, default: "GrammarSpec | None", template:
     calls = plan is not None and plan.choice != "none"
     if calls and own is not None:
         raise UsageError(f"{own.field} cannot constrain a reply that may call tools",
-                         'drop it, or set tool_choice "none" (the tools constrain their calls themselves)')
+                         'drop it, or set tool_choice "none" (the tools constrain their calls themselves)',
+                         field=own.field)
     spec = own if own is not None else plan.grammar if calls else default
     if spec is not None and spec is not default:   # (the default was compiled when the Generator loaded)
         check_compiles(target, spec)

@@ -29,9 +29,14 @@ class LlamaspecError(Exception):
 
 
 class UsageError(LlamaspecError):
-    """Wrong flags or flag values."""
+    """Wrong flags or flag values. `field`: the setting it is about (a knob's name, a request
+    field: `temperature`, `logit_bias`), which the server answers as OpenAI's error `param`."""
 
     exit_code = EXIT_USAGE
+
+    def __init__(self, message: str, hint: str | None = None, field: str | None = None):
+        super().__init__(message, hint)
+        self.field = field
 
 
 class ModelFileError(LlamaspecError):
@@ -112,6 +117,17 @@ def bounds(low: float | None = None, high: float | None = None, *, open_low: boo
     if low is None:
         return f"<= {high:g}"
     return f"in {'(' if open_low else '['}{low:g}, {high:g}]"
+
+
+def jtype(v: object) -> str:
+    """JSON's name for a value's type, as the user wrote it ("got string").
+
+        >>> jtype("x"), jtype(1.5), jtype(None), jtype(True)
+        ('string', 'number', 'null', 'boolean')
+    """
+    if v is None or isinstance(v, bool):
+        return "null" if v is None else "boolean"
+    return {str: "string", int: "number", float: "number", list: "array", dict: "object"}.get(type(v), "value")
 
 
 def must_be(name: str, low: float | None = None, high: float | None = None, *, open_low: bool = False,

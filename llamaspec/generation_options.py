@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from llamaspec import knobs
 from llamaspec.errors import UsageError
+from llamaspec.knobs import DEFAULT
 from llamaspec.openai.fields import NO_LIMIT, parse_stop
 from llamaspec.speculative.sampling_params import SamplingParams
 
@@ -41,9 +43,9 @@ class GenerationOptions:
     # drafting
     draft: str | Path | None = None
     spec_type: str | None = None
-    draft_max: int | None = None
-    draft_min: int = 0
-    draft_p_min: float = 0.0
+    draft_max: int | None = DEFAULT.draft_max
+    draft_min: int = DEFAULT.draft_min
+    draft_p_min: float = DEFAULT.draft_p_min
     adaptive: bool = True
     ngram: "NgramParams | None" = None
     force_draft: bool = False
@@ -60,7 +62,7 @@ class GenerationOptions:
     cache_ram_mib: int = 0   # generate_many's RAM prompt cache (batch --cache-ram): MiB, -1 no limit, 0 off
     # sampling and output
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int | None = None
+    max_tokens: int | None = DEFAULT.max_tokens
     stop: Sequence[str] = ()
     grammar: "GrammarSpec | None" = None
     # prompt formatting
@@ -71,9 +73,9 @@ class GenerationOptions:
         if isinstance(self.parallel, bool) or not isinstance(self.parallel, int) or self.parallel < 1:
             raise UsageError(f"parallel must be an integer >= 1, not {self.parallel!r}")
         object.__setattr__(self, "max_tokens", check_max_tokens(self.max_tokens))
-        if self.draft_max is not None and self.draft_min > self.draft_max:
-            raise UsageError(f"draft_min {self.draft_min} exceeds draft_max {self.draft_max}",
-                             "draft_min must be between 0 and draft_max")
+        for name in knobs.DRAFTING:   # the knob table's ranges, then the one rule between the two lengths
+            knobs.check(name, getattr(self, name))
+        knobs.check_draft_min(self.draft_min, self.draft_max)
         object.__setattr__(self, "stop", check_stop(self.stop))
         if self.grammar is not None and not hasattr(self.grammar, "gbnf"):
             raise UsageError(f"grammar must be a GrammarSpec (runtime/grammar.py) or None, not {self.grammar!r}",
@@ -87,11 +89,8 @@ def check_max_tokens(value, name: str = "max_tokens") -> int:
         >>> check_max_tokens(8), check_max_tokens(-1) == check_max_tokens(None) == NO_LIMIT
         (8, True)
     """
-    if value is None:
-        return NO_LIMIT
-    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-        raise UsageError(f"{name} must be an integer >= 0 (-1 or None: no limit), not {value!r}")
-    return NO_LIMIT if value == -1 else value
+    value = knobs.check("max_tokens", value, name)
+    return NO_LIMIT if value is None or value == -1 else value
 
 
 def check_stop(value, name: str = "stop") -> tuple[str, ...]:

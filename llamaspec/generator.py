@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from llamaspec.errors import ContextFullError, GenerationInterrupted, LlamaspecError, UsageError  # noqa: F401 (API)
+from llamaspec.knobs import DEFAULT as K, DRAFTING, SAMPLING
 from llamaspec.openai_api import OpenAIMethods
 from llamaspec.request import REQUEST_FIELDS, Prompt, Request, Result, finish_reason  # noqa: F401 (API)
 from llamaspec.tune.draft_costs import record_run
@@ -70,16 +71,16 @@ class Generator(OpenAIMethods):
     thread is a UsageError. After close(), every call and every open stream raises UsageError.
     """
 
-    def __init__(self, model: str | Path | None = None, *, draft: str | Path | None = None,
-                 spec_type: str | None = None, draft_max: int | None = None, draft_min: int = 0,
-                 draft_p_min: float = 0.0, adaptive: bool = True, ctx_size: int | None = None,
+    def __init__(self, model: str | Path | None = None, *, draft: str | Path | None = None,   # (K: knobs.py)
+                 spec_type: str | None = None, draft_max: int | None = K.draft_max, draft_min: int = K.draft_min,
+                 draft_p_min: float = K.draft_p_min, adaptive: bool = True, ctx_size: int | None = None,
                  threads: int | None = None, n_gpu_layers: int | None = None, n_gpu_layers_draft: int | None = None,
                  amx: bool | None = None, ngram=None, parallel: int = 1,
-                 temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
-                 repeat_penalty: float = 1.0, repeat_last_n: int = 64, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0, seed: int | None = None,
-                 max_tokens: int | None = None, stop: Sequence[str] = (), chat: bool | None = None,
-                 system: str | None = None, offline: bool = False, force_draft: bool = False,
+                 temperature: float = K.temperature, top_k: int = K.top_k, top_p: float = K.top_p,
+                 min_p: float = K.min_p, repeat_penalty: float = K.repeat_penalty, repeat_last_n: int = K.repeat_last_n,
+                 presence_penalty: float = K.presence_penalty, frequency_penalty: float = K.frequency_penalty,
+                 seed: int | None = K.seed, max_tokens: int | None = K.max_tokens, stop: Sequence[str] = (),
+                 chat: bool | None = None, system: str | None = None, offline: bool = False, force_draft: bool = False,
                  search: Sequence[Path] = (), tuned: bool = True, spec_replace: Sequence[tuple[str, str]] = (),
                  grammar: str | None = None, json_schema: dict | str | bool | None = None):
         from llamaspec.constraints import grammar_of
@@ -195,13 +196,11 @@ class Generator(OpenAIMethods):
 
     def describe(self) -> dict[str, Any]:
         """Model, draft and settings: what a batch job's resume check compares."""
-        r, o, s = self.resolved, self.options, self.sampling
+        r, o, s = self.resolved, self.options, self.sampling   # (the knobs: the table's, knobs.py)
         return {"model": str(r.target_path), "model_size": r.target_path.stat().st_size,
                 "draft": str(r.draft_path) if r.draft_path else None, "spec_type": r.spec_label,
-                "draft_max": o.draft_max, "draft_min": o.draft_min, "draft_p_min": o.draft_p_min,
-                "adaptive": o.adaptive, "n_ctx": self.n_ctx, "temperature": s.temperature, "top_k": s.top_k,
-                "top_p": s.top_p, "min_p": s.min_p, "repeat_penalty": s.repeat_penalty,
-                "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty, "seed": s.seed,
+                **{k: getattr(o, k) for k in DRAFTING}, "adaptive": o.adaptive, "n_ctx": self.n_ctx,
+                **{k: getattr(s, k) for k in SAMPLING},
                 "max_tokens": self.max_tokens, "stop": self.stop, "chat": self.chat, "system": self.system}
 
     # -- generating ----------------------------------------------------------------------------
@@ -217,14 +216,14 @@ class Generator(OpenAIMethods):
         if isinstance(prompt, Request):
             raise UsageError("tokenize takes the prompt, not a Request", "pass request.prompt")
         if not isinstance(prompt, str) and not isinstance(prompt, (list, tuple)):
-            raise UsageError(f"prompt must be text or a list of chat messages, not {type(prompt).__name__}")
+            raise UsageError(f"prompt must be text or a list of chat messages, not {type(prompt).__name__}", field="prompt")
         if isinstance(prompt, str):
             chat = self.chat if chat is None else chat
             use_chat = chat if chat is not None else target.chat_template is not None
             if not use_chat:
                 if tools is not None:
                     raise UsageError("tools need chat mode (the chat template renders them)",
-                                     "drop --raw / chat=False, or send chat messages")
+                                     "drop --raw / chat=False, or send chat messages", field="tools")
                 if self.system:
                     raise UsageError("--system needs chat mode", "drop --raw, or put the system text in the prompt")
                 return target.tokenize_prompt(prompt)
@@ -255,7 +254,7 @@ class Generator(OpenAIMethods):
         return pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop, ignore_eos=bool(req.ignore_eos),
                                **structured.config_fields())
 
-    def _prepare(self, req: Request, fit: bool = True) -> Prepared:
+    def prepare(self, req: Request, fit: bool = True) -> Prepared:
         """(tokens, config, tool plan) of a request, or the UsageError that says why it cannot run.
         The server's preparing threads call it too, with fit=False: it says a prompt is too long its way."""
         from llamaspec.constraints import constraints
@@ -263,7 +262,7 @@ class Generator(OpenAIMethods):
         for name, kind in (("id", str), ("chat", bool)):
             if getattr(req, name) is not None and not isinstance(getattr(req, name), kind):
                 raise UsageError(f"{name} must be {'a string' if kind is str else 'True or False'} or None, "
-                                 f"not {getattr(req, name)!r}")
+                                 f"not {getattr(req, name)!r}", field=name)
         with self._owner.reading():   # close() does not free the model meanwhile
             target = self._pipeline().target
             structured = constraints(req, target, self.generation_options.grammar, target.chat_template)
@@ -287,13 +286,13 @@ class Generator(OpenAIMethods):
             raise TypeError(f"generate() got an unexpected keyword argument {unknown[0]!r}")
         req = prompt if isinstance(prompt, Request) else Request(prompt)
         req = replace(req, **fields) if fields else req
-        tokens, config, tools = self._prepare(req)
+        tokens, config, tools = self.prepare(req)
         if stream:
             from llamaspec.streaming import TextStream
 
             if should_stop is not None:
                 raise UsageError("should_stop is for generate without stream", "stop iterating the stream instead")
-            return TextStream(self._pipeline().engine, tokens, config, lambda g: self._result(req.id or "0", g, tools),
+            return TextStream(self._pipeline().engine, tokens, config, lambda g: self.result(req.id or "0", g, tools),
                               on_text, owner=self._owner, tools=tools)
         asked, closed = [], []   # should_stop said stop: a normal end, not an interrupt
 
@@ -312,7 +311,7 @@ class Generator(OpenAIMethods):
             self._owner.release()
         if closed:
             self._owner.check()
-        result = self._result(req.id or "0", gen, tools)
+        result = self.result(req.id or "0", gen, tools)
         if gen.stop_reason == "interrupted" and not asked:   # the engine caught a KeyboardInterrupt
             raise GenerationInterrupted(result)
         return result
@@ -337,7 +336,7 @@ class Generator(OpenAIMethods):
                 req = p if isinstance(p, Request) else Request(p)
                 key = req.id if req.id is not None else str(i)
                 try:
-                    tokens, config, tools = self._prepare(req)
+                    tokens, config, tools = self.prepare(req)
                 except LlamaspecError as e:
                     failed.append(self._failure(key, e))
                     continue
@@ -355,7 +354,7 @@ class Generator(OpenAIMethods):
                 yield from failed
                 failed.clear()
                 tools = plans.pop(key, None)
-                yield self._failure(key, gen) if isinstance(gen, LlamaspecError) else self._result(key, gen, tools)
+                yield self._failure(key, gen) if isinstance(gen, LlamaspecError) else self.result(key, gen, tools)
                 self._owner.check()
         except GenerationInterrupted:
             raise
@@ -371,7 +370,7 @@ class Generator(OpenAIMethods):
     def _failure(key: str, error: LlamaspecError) -> Result:
         return Result(key, "", [], "error", "error", 0, {}, error)
 
-    def _result(self, key: str, gen, tools: "ToolPlan | None" = None) -> Result:
+    def result(self, key: str, gen, tools: "ToolPlan | None" = None) -> Result:
         """The Result of a finished generation; tools: the plan its calls are parsed with."""
         from llamaspec.constraints import tool_reply
         from llamaspec.speculative.report import generation_dict

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from llamaspec.errors import LlamaspecError
+from llamaspec.knobs import PER_REQUEST
 
 if TYPE_CHECKING:
     from llamaspec.runtime.grammar import GrammarSpec
@@ -86,8 +87,7 @@ class Request:
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
 
-    SAMPLING = ("temperature", "top_p", "seed", "top_k", "min_p", "repeat_penalty",   # SamplingParams fields
-                "presence_penalty", "frequency_penalty")
+    SAMPLING = PER_REQUEST   # the SamplingParams fields a request may set (the knob table's)
 
 
 REQUEST_FIELDS = frozenset(f for f in Request.__dataclass_fields__ if f != "prompt")

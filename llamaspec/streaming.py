@@ -82,7 +82,7 @@ class TextStream:
                 self._owner.check()   # close() was called while the stream was open
                 if seq.done:
                     break
-                self._engine._step([seq])
+                self._engine.step([seq])
         except KeyboardInterrupt as e:
             seq.stop("interrupted")
             self.result = self._make_result(seq.finish())

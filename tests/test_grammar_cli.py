@@ -287,7 +287,7 @@ def test_tools_render_constrain_and_parse_through_generate(gen):
         assert call["type"] == "function" and call["id"].startswith("call_")
         assert call["function"]["name"] == "get_weather"
         jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])
-    assert gen.tokenize(ask) != gen._prepare(gen._request({"prompt": ask, "tools": [WEATHER]})).tokens
+    assert gen.tokenize(ask) != gen.prepare(gen._request({"prompt": ask, "tools": [WEATHER]})).tokens
     streamed = gen.generate(ask, tool_choice="required", stream=True, **one)
     assert "".join(streamed) == r.text
     assert [c["function"] for c in streamed.result.tool_calls] == [c["function"] for c in r.tool_calls]

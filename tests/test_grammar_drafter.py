@@ -259,7 +259,7 @@ def test_the_opening_forced_text_is_verified_in_the_prompts_batch(smollm2_f16):
         seq.start()
         opened = list(seq.out.tokens)
         while not seq.done:
-            engine._step([seq])
+            engine.step([seq])
         out = seq.finish()
     assert len(opened) > 2 and out.tokens == plain.tokens, (target.detokenize(opened), out.text, plain.text)
     opened_text = target.detokenize(opened)   # `{"name": "`, laid out as the model does (on lines here)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "llamaspec"
 
-# layer -> the layers it may import (errors.py and _version.py sit below all; cli and the public
-# API, llamaspec/__init__.py, on top)
+# layer -> the layers it may import (errors.py, _version.py and knobs.py, the table of sampling and
+# drafting settings that every layer reads, sit below all; cli and the public API,
+# llamaspec/__init__.py, on top)
 ALLOWED = {
     "errors": set(),
     "gguf": {"errors"},
@@ -54,7 +55,7 @@ def _layer(module: str) -> str:
     if len(parts) == 1:
         return "api"
     # a top-level module (generator.py, resolve.py, ...) is the public API, a package its own layer
-    top = {"__main__": "cli", "_version": "errors", "errors": "errors", "openai": "format"}
+    top = {"__main__": "cli", "_version": "errors", "errors": "errors", "knobs": "errors", "openai": "format"}
     return top.get(parts[1], "api" if (PKG / f"{parts[1]}.py").is_file() else parts[1])
 
 
@@ -160,3 +161,68 @@ def test_bench_is_its_own_package_above_the_engine():
     assert {"llamaspec.bench.runner", "llamaspec.bench.suite", "llamaspec.bench.theory",
             "llamaspec.bench.native", "llamaspec.bench.prompts", "llamaspec.bench.results"} <= set(graph)
     assert not [m for m in graph if m.startswith("llamaspec.speculative.bench")]
+
+
+def _defined(tree: ast.AST) -> set[str]:
+    """Every name a module defines or binds: functions, classes, attributes it assigns, arguments,
+    variables and imports (its own private names, which it may use on any object)."""
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(n.name)
+        elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+            names.add(n.attr)
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+            names.add(n.id)
+        elif isinstance(n, ast.arg):
+            names.add(n.arg)
+        elif isinstance(n, ast.alias):
+            names.add(n.asname or n.name.split(".")[-1])
+    return names
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def reach_ins(pkg: Path = PKG) -> list[str]:
+    """Uses of another module's underscored name: `obj._name` where `_name` is defined elsewhere in
+    the package and not in this module, and `from llamaspec.x import _name` (a package-private
+    module, `from llamaspec.cli import _output` inside cli/, is not one). `self._x` and
+    `cls._x` are the module's own; `os._exit` is no module's of ours."""
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in pkg.rglob("*.py")}
+    own = {p: _defined(t) for p, t in trees.items()}
+    ours = set().union(*own.values())
+    def name(path: Path) -> str:
+        return ".".join(path.relative_to(pkg.parent).with_suffix("").parts).removesuffix(".__init__")
+
+    modules = {name(p) for p in trees}
+    hits = []
+    for p, tree in trees.items():
+        here = name(p) if p.name == "__init__.py" else name(p).rpartition(".")[0]   # its package
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and _private(n.attr) and n.attr in ours and n.attr not in own[p]:
+                if not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls")):
+                    hits.append(f"{p.relative_to(pkg.parent)}:{n.lineno}: .{n.attr}")
+            elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith("llamaspec"):
+                for a in n.names:
+                    sub = f"{n.module}.{a.name}"
+                    same_package = sub in modules and sub.rpartition(".")[0] == here
+                    if _private(a.name) and not same_package:
+                        hits.append(f"{p.relative_to(pkg.parent)}:{n.lineno}: from {n.module} import {a.name}")
+    return hits
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    """What a module underscores is its own: others use its public names (the engine's `step()`
+    and `cached`, the Generator's `prepare()` and `result()`)."""
+    assert reach_ins() == []
+
+
+def test_the_reach_in_check_sees_one(tmp_path):
+    pkg = tmp_path / "llamaspec"
+    pkg.mkdir()
+    (pkg / "engine.py").write_text("class E:\n    def _step(self):\n        self._cached = {}\n")
+    (pkg / "server.py").write_text("def run(e):\n    e._step()\n    return e._cached\n")
+    (pkg / "ok.py").write_text("import os\n\ndef bye(e):\n    os._exit(1)\n")
+    assert sorted(reach_ins(pkg)) == ["llamaspec/server.py:2: ._step", "llamaspec/server.py:3: ._cached"]

@@ -12,7 +12,7 @@ import pytest
 
 from llamaspec.runtime import devices as runtime_devices
 from llamaspec.runtime import offload
-from llamaspec.runtime.info import _headers
+from llamaspec.runtime.info import gguf_headers
 from llamaspec.runtime.offload import DEFAULT_MARGIN, GIB, MIB, Device, ModelNeeds, decide
 
 CPU = Device("CPU", "CPU", 64 * GIB, 64 * GIB, "host")
@@ -153,7 +153,7 @@ def test_auto_summary_for_doctor():
 def _check_against_llama_cpp(path, n_ctx: int = 256, load_mtp: bool = False):
     from llamaspec.runtime.llama import Model
 
-    headers = _headers(path)
+    headers = gguf_headers(path)
     sizes = offload.tensor_bytes(headers[0])
     weights = offload.needs_from_headers(headers, n_ctx=0, load_nextn=load_mtp)
     full = offload.needs_from_headers(headers, n_ctx=n_ctx, load_nextn=load_mtp)
@@ -178,15 +178,15 @@ def test_needs_from_a_real_tiny_header(tiny_models):
     assert len(set(w.layers)) == 1 and w.layers[0] > 0
     _check_against_llama_cpp(tiny_models["mtp"], load_mtp=True)
     # without load_mtp llama.cpp skips the NextN block (TENSOR_SKIP): it keeps its index, costs nothing
-    skipped = offload.needs_from_headers(_headers(tiny_models["mtp"]), n_ctx=256)
+    skipped = offload.needs_from_headers(gguf_headers(tiny_models["mtp"]), n_ctx=256)
     assert skipped.layers[-1] == 0 and skipped.layers[0] > 0
 
 
 def test_needs_from_smollm2(smollm2_f16):
     # llama.cpp's own log for this file at 4096 tokens: KV buffer 90.00 MiB, weights 256.63 MiB
     _check_against_llama_cpp(smollm2_f16, n_ctx=4096)
-    n = offload.needs_from_headers(_headers(smollm2_f16), n_ctx=4096)
-    w = offload.needs_from_headers(_headers(smollm2_f16), n_ctx=0)
+    n = offload.needs_from_headers(gguf_headers(smollm2_f16), n_ctx=4096)
+    w = offload.needs_from_headers(gguf_headers(smollm2_f16), n_ctx=0)
     assert sum(n.layers) - sum(w.layers) == 90 * MIB
 
 

@@ -43,7 +43,7 @@ def _engine(model, spec: str):
 
 def _run(engine, prompt: list[int]) -> tuple[list[int], int]:
     """(tokens, tokens out of the prompt's own batch); the prompt evaluated whole, not from cache."""
-    engine._cached.pop(0, None)
+    engine.cached.pop(0, None)
     config = GenerationConfig(max_tokens=12, sampling=SamplingParams(temperature=0.0), draft_max=16,
                               grammar=grammar_from_schema(SCHEMA))
     seq = SequenceRun(engine, 0, prompt, config, None)
@@ -51,7 +51,7 @@ def _run(engine, prompt: list[int]) -> tuple[list[int], int]:
         seq.start()
         opened = len(seq.out.tokens)
         while not seq.done:
-            engine._step([seq])
+            engine.step([seq])
     except BaseException:
         seq.abandon()
         raise

@@ -18,10 +18,10 @@ from llamaspec.runtime.llama import Model
 def _ubatches(ctx: Context, segments) -> int:
     """How many ubatches (forward passes) llama.cpp cut one decode_many into: its batch debug log
     (LLAMA_BATCH_DEBUG, read when the context was made) says "added ubatch" once per ubatch."""
-    llama_mod._LOG_TAIL.clear()
+    llama_mod.LOG_TAIL.clear()
     ctx.decode_many(segments)
     ctx.logits(sum(len(t) for t, _, _ in segments))
-    return sum("added ubatch" in line for line in llama_mod._LOG_TAIL)
+    return sum("added ubatch" in line for line in llama_mod.LOG_TAIL)
 
 
 @pytest.mark.parametrize("order, lengths", [
@@ -35,7 +35,7 @@ def test_a_multi_sequence_step_is_one_forward_pass(tiny_models, monkeypatch, ord
     ids and lengths (llama.cpp's per-sequence KV split cut such batches into several passes, each
     as dear as a whole step: --parallel 4 scaled 1.3x where llama.cpp's own batched-bench gets 2x)."""
     monkeypatch.setenv("LLAMA_BATCH_DEBUG", "1")
-    monkeypatch.setattr(llama_mod, "_LOG_TAIL", deque(maxlen=100_000))
+    monkeypatch.setattr(llama_mod, "LOG_TAIL", deque(maxlen=100_000))
     model = Model(tiny_models["target"])
     ctx = Context(model, ContextConfig(n_ctx=1024, n_threads=1, n_seq_max=4))
     try:
@@ -56,7 +56,7 @@ def test_a_plain_context_splits_its_cache_and_orders_its_rows(tiny_models, monke
     sent in sequence-id order (split ubatches take consecutive ids), so slots refilled out of order
     still cost one pass, and each segment's rows are still found where it was given."""
     monkeypatch.setenv("LLAMA_BATCH_DEBUG", "1")
-    monkeypatch.setattr(llama_mod, "_LOG_TAIL", deque(maxlen=100_000))
+    monkeypatch.setattr(llama_mod, "LOG_TAIL", deque(maxlen=100_000))
     with Generator(tiny_models["target"], spec_type="none", parallel=4, threads=1, tuned=False) as g:
         assert g.pipeline.ctx.unified is False
     with Generator(tiny_models["target"], spec_type="prompt-lookup", parallel=4, threads=1, tuned=False) as g:
@@ -162,7 +162,7 @@ def test_a_draft_model_drafts_several_sequences_together(tiny_models, monkeypatc
     from llamaspec.speculative.drafters.model import ModelDrafter
 
     monkeypatch.setenv("LLAMA_BATCH_DEBUG", "1")
-    monkeypatch.setattr(llama_mod, "_LOG_TAIL", deque(maxlen=100_000))
+    monkeypatch.setattr(llama_mod, "LOG_TAIL", deque(maxlen=100_000))
     model = Model(tiny_models["draft"])
     histories = {s: [1, 2 + s, 3, 4 + s, 5] + [6] * s for s in range(4)}
 
@@ -172,12 +172,12 @@ def test_a_draft_model_drafts_several_sequences_together(tiny_models, monkeypatc
         try:
             for s, h in histories.items():
                 d.begin(s, h)
-            llama_mod._LOG_TAIL.clear()
+            llama_mod.LOG_TAIL.clear()
             if together:
                 out = d.propose_many([(s, h, 4) for s, h in histories.items()])
             else:
                 out = [d.propose(s, h, 4) for s, h in histories.items()]
-            return [x.tokens for x in out], sum("added ubatch" in line for line in llama_mod._LOG_TAIL)
+            return [x.tokens for x in out], sum("added ubatch" in line for line in llama_mod.LOG_TAIL)
         finally:
             d.close()
 

@@ -27,7 +27,7 @@ N = 40
 @pytest.mark.parametrize("field", FIELDS)
 @pytest.mark.parametrize("value", [2.5, -2.01, "0.5", True, float("nan"), None])
 def test_sampling_params_refuse_values_outside_openai_range_naming_the_field(field, value):
-    with pytest.raises(UsageError, match=f"^{field} must be a number in \\[-2, 2\\]"):
+    with pytest.raises(UsageError, match=f"^{field} must be "):   # (in [-2, 2], a number, finite)
         SamplingParams(**{field: value})
 
 
@@ -139,7 +139,7 @@ def test_openai_methods_apply_penalties_and_name_a_bad_one(plain):
     assert plain.create_completion(CODE, frequency_penalty=0.5)["choices"][0]["text"] == want
     assert plain.create_completion(CODE)["choices"][0]["text"] != want
     for field in FIELDS:
-        with pytest.raises(UsageError, match=f"^{field} must be a number in"):
+        with pytest.raises(UsageError, match=f"^{field} must be in \\[-2, 2\\], got 2.5"):
             plain.create_completion(CODE, **{field: 2.5})
         with pytest.raises(UsageError, match=f"^{field}"):
             plain.generate(Request(CODE, **{field: -3}))

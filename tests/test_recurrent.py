@@ -232,7 +232,7 @@ def write_lfm2_model(path, *, kinds: str = "cac", seed: int = 97, n_embd: int = 
     on (seed, il) only, so a model with the first layers of another agrees with it often."""
     import gguf
 
-    from llamaspec.testing.tiny_models import _atomic_write, _finish, _normal, _shared_weights, bpe_vocab
+    from llamaspec.testing.tiny_models import atomic_write, finish_model, normal_weights, shared_weights, bpe_vocab
 
     vocab = bpe_vocab()
     hd = n_embd // n_head
@@ -252,7 +252,7 @@ def write_lfm2_model(path, *, kinds: str = "cac", seed: int = 97, n_embd: int = 
         w.add_vocab_size(vocab.size)
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         vocab.write_to(w)
-        embd, out_norm, head = _shared_weights(seed, vocab, n_embd, 4.0, True)
+        embd, out_norm, head = shared_weights(seed, vocab, n_embd, 4.0, True)
         w.add_tensor("token_embd.weight", embd)
         w.add_tensor("token_embd_norm.weight", out_norm)  # llama.cpp's name for LFM2's output norm
         w.add_tensor("output.weight", head)
@@ -261,30 +261,30 @@ def write_lfm2_model(path, *, kinds: str = "cac", seed: int = 97, n_embd: int = 
             t = {
                 "attn_norm.weight": np.ones(n_embd, np.float32),
                 "ffn_norm.weight": np.ones(n_embd, np.float32),
-                "ffn_gate.weight": _normal(s + (0,), (n_ff, n_embd), 1 / np.sqrt(n_embd)),
-                "ffn_up.weight": _normal(s + (1,), (n_ff, n_embd), 1 / np.sqrt(n_embd)),
-                "ffn_down.weight": _normal(s + (2,), (n_embd, n_ff), 0.5 / np.sqrt(n_ff)),
+                "ffn_gate.weight": normal_weights(s + (0,), (n_ff, n_embd), 1 / np.sqrt(n_embd)),
+                "ffn_up.weight": normal_weights(s + (1,), (n_ff, n_embd), 1 / np.sqrt(n_embd)),
+                "ffn_down.weight": normal_weights(s + (2,), (n_embd, n_ff), 0.5 / np.sqrt(n_ff)),
             }
             if kind == "a":
                 t.update({
                     "attn_q_norm.weight": np.ones(hd, np.float32),
                     "attn_k_norm.weight": np.ones(hd, np.float32),
-                    "attn_q.weight": _normal(s + (3,), (n_embd, n_embd), 1 / np.sqrt(n_embd)),
-                    "attn_k.weight": _normal(s + (4,), (n_head_kv * hd, n_embd), 1 / np.sqrt(n_embd)),
-                    "attn_v.weight": _normal(s + (5,), (n_head_kv * hd, n_embd), 1 / np.sqrt(n_embd)),
-                    "attn_output.weight": _normal(s + (6,), (n_embd, n_embd), 1 / np.sqrt(n_embd)),
+                    "attn_q.weight": normal_weights(s + (3,), (n_embd, n_embd), 1 / np.sqrt(n_embd)),
+                    "attn_k.weight": normal_weights(s + (4,), (n_head_kv * hd, n_embd), 1 / np.sqrt(n_embd)),
+                    "attn_v.weight": normal_weights(s + (5,), (n_head_kv * hd, n_embd), 1 / np.sqrt(n_embd)),
+                    "attn_output.weight": normal_weights(s + (6,), (n_embd, n_embd), 1 / np.sqrt(n_embd)),
                 })
             else:
                 t.update({
-                    "shortconv.conv.weight": _normal(s + (7,), (n_embd, l_cache), 1 / np.sqrt(l_cache)),
-                    "shortconv.in_proj.weight": _normal(s + (8,), (3 * n_embd, n_embd), 1 / np.sqrt(n_embd)),
-                    "shortconv.out_proj.weight": _normal(s + (9,), (n_embd, n_embd), 1 / np.sqrt(n_embd)),
+                    "shortconv.conv.weight": normal_weights(s + (7,), (n_embd, l_cache), 1 / np.sqrt(l_cache)),
+                    "shortconv.in_proj.weight": normal_weights(s + (8,), (3 * n_embd, n_embd), 1 / np.sqrt(n_embd)),
+                    "shortconv.out_proj.weight": normal_weights(s + (9,), (n_embd, n_embd), 1 / np.sqrt(n_embd)),
                 })
             for k, v in t.items():
                 w.add_tensor(f"blk.{il}.{k}", np.ascontiguousarray(v, dtype=np.float32))
-        _finish(w)
+        finish_model(w)
 
-    return _atomic_write(path, fill)
+    return atomic_write(path, fill)
 
 
 @pytest.fixture(scope="module")

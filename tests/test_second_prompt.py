@@ -108,7 +108,7 @@ def test_second_prompt_drafts_like_a_fresh_pipeline(models, case):
     if case in SHARED_STATE:
         with _generator(models, case) as g:
             for i, p in enumerate(order + order):
-                g.pipeline.engine._cached.clear()   # no prefix reuse: the prompt is evaluated whole
+                g.pipeline.engine.cached.clear()   # no prefix reuse: the prompt is evaluated whole
                 ref[i] = _counts(g.generate(p))
     else:
         fresh = {}

@@ -30,7 +30,7 @@ def test_a_reply_without_a_call_is_its_inner_text_not_the_envelope(smollm2_q4):
     # plain decoding, the prompt evaluated afresh each time: the three calls give the same reply
     with Generator(smollm2_q4, temperature=0, threads=1, spec_type="none") as g:
         assert detect_format(g.pipeline.target.chat_template) == GENERIC
-        fresh = g.pipeline.engine._cached.clear
+        fresh = g.pipeline.engine.cached.clear
         raw = g.generate(ASK, **kw)
         fresh()
         whole = g.create_chat_completion(ASK, **kw)

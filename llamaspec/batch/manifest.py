@@ -26,7 +26,7 @@ import os
 from typing import Any, Iterable
 
 from llamaspec.batch.requests import LineError, Request
-from llamaspec.batch.results import _write_atomic
+from llamaspec.batch.results import write_atomic
 from llamaspec.errors import UsageError, disk_full
 
 __all__ = ["check_or_write_manifest", "manifest_path", "input_identity", "MANIFEST_SUFFIX"]
@@ -131,7 +131,7 @@ def check_or_write_manifest(output_path: str | os.PathLike, settings: dict, forc
     if effective is not None:
         doc["effective"] = json.loads(json.dumps(effective, default=str))
     try:   # rewritten on a resume too: it describes INPUT as it is now (lines added, --force)
-        _write_atomic(mpath, [(json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n").encode()])
+        write_atomic(mpath, [(json.dumps(doc, ensure_ascii=False, separators=(",", ":")) + "\n").encode()])
     except OSError as e:
         raise disk_full(mpath, e, "free some space, then run the same command again") or e
     return status

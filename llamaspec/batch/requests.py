@@ -38,9 +38,9 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import IO, Any, Iterable
 
+from llamaspec import knobs
 from llamaspec.openai import requests as oa_req
-from llamaspec.errors import InputError
-from llamaspec.errors import must_be
+from llamaspec.errors import InputError, UsageError
 from llamaspec.openai.fields import jtype
 
 __all__ = ["Request", "LineError", "parse_requests", "read_input", "CHAT", "COMPLETIONS"]
@@ -108,27 +108,18 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")  # Python's json takes NaN/Infinity; JSON does not
 
 
-def _int(d: dict, key: str, lo: int | None = None) -> int | None:
-    v = d.get(key)
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-        raise _Bad(f"{key} must be an integer, got {jtype(v)}", key)
-    if v is not None and lo is not None and v < lo:
-        raise _Bad(must_be(key, lo, got=v), key)
-    return v
-
-
-def _num(d: dict, key: str, hi: float | None = None, open_low: bool = True) -> float | None:
-    """A number >= 0, or in (0, hi] when `hi` is given (top_p; [0, hi] unless open_low: min_p).
-    The engine checks again (generator.Request): this gives the line's error its field early."""
+def _knob(d: dict, key: str, name: str | None = None, low: int | None = None) -> Any:
+    """A knob's value (None: absent, the job's default), by the knob table's one check
+    (knobs.check: the same verdict and wording as the server's); `name`: the knob `key` is
+    (max_completion_tokens is max_tokens); `low`: a batch line's own lower bound."""
     v = d.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _Bad(f"{key} must be a number, got {jtype(v)}", key)
-    low_ok = 0 < v if open_low else 0 <= v
-    if v < 0 or (hi is not None and not (low_ok and v <= hi)):
-        raise _Bad(must_be(key, 0, hi, open_low=open_low and hi is not None, got=v), key)
-    return float(v)
+    try:
+        v = knobs.check(name or key, v, key, low=low)
+    except UsageError as e:
+        raise _Bad(e.message, key) from None
+    return float(v) if knobs.KNOBS[name or key].kind is float else v
 
 
 def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
@@ -143,7 +134,7 @@ def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
                    else 'no "prompt" or "messages"')
     if prompt is not None and not isinstance(prompt, str):
         raise _Bad(f"prompt must be a string, got {jtype(prompt)}", "prompt")
-    max_tokens, max_completion = _int(d, "max_tokens", 1), _int(d, "max_completion_tokens", 1)
+    max_tokens, max_completion = _knob(d, "max_tokens", low=1), _knob(d, "max_completion_tokens", "max_tokens", 1)
     if None not in (max_tokens, max_completion) and max_tokens != max_completion:
         raise _Bad(f"max_tokens ({max_tokens}) and max_completion_tokens ({max_completion}) differ",
                    "max_tokens")
@@ -153,29 +144,10 @@ def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
             raise _Bad("stream is not supported in a batch job (got true)", "stream")
     return Request(rid, line, prompt, None if messages is None else _openai_checked(oa_req.parse_messages, messages),
                    max_completion if max_completion is not None else max_tokens,
-                   _num(d, "temperature"), _int(d, "seed"), _openai_checked(oa_req.parse_stop, d.get("stop")),
-                   _num(d, "top_p", 1.0), openai, _int(d, "top_k"), _num(d, "min_p", 1.0, open_low=False),
-                   _positive(d, "repeat_penalty"), _penalty(d, "presence_penalty"), _penalty(d, "frequency_penalty"),
+                   _knob(d, "temperature"), _knob(d, "seed"), _openai_checked(oa_req.parse_stop, d.get("stop")),
+                   _knob(d, "top_p"), openai, _knob(d, "top_k"), _knob(d, "min_p"), _knob(d, "repeat_penalty"),
+                   _knob(d, "presence_penalty"), _knob(d, "frequency_penalty"),
                    _openai_checked(oa_req.structured_fields, d, messages is not None))
-
-
-def _positive(d: dict, key: str) -> float | None:
-    v = _num(d, key)
-    if v is not None and v <= 0:
-        raise _Bad(must_be(key, 0, open_low=True, note="1 is off", got=d[key]), key)
-    return v
-
-
-def _penalty(d: dict, key: str) -> float | None:
-    """presence_penalty / frequency_penalty: a number in OpenAI's [-2, 2] (negative ones reward repeats)."""
-    v = d.get(key)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _Bad(f"{key} must be a number, got {jtype(v)}", key)
-    if not -2 <= v <= 2:
-        raise _Bad(must_be(key, -2, 2, got=v), key)
-    return float(v)
 
 
 def _parse_line(text: str | bytes, line: int) -> Request | LineError:

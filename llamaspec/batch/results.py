@@ -120,7 +120,7 @@ def _fsync_dir(path: str) -> None:
             os.close(fd)
 
 
-def _write_atomic(path: str, chunks: Iterable[bytes]) -> None:
+def write_atomic(path: str, chunks: Iterable[bytes]) -> None:
     """Write a temp file beside `path`, fsync it, rename it over `path`: old or new, never half."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
                                prefix=os.path.basename(path) + ".", suffix=".tmp")
@@ -230,7 +230,7 @@ class OutputFile:
             os.ftruncate(self._fd, good_end)
             os.fsync(self._fd)
         if n_failed:
-            _write_atomic(self.path, (raw for _, raw, info in self._lines() if not info[1]))
+            write_atomic(self.path, (raw for _, raw, info in self._lines() if not info[1]))
             os.close(self._fd)  # ours is the replaced file's descriptor
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         self._checked = True

@@ -1,6 +1,7 @@
 """The options of a generation, shared by `run`, `chat`, `batch` and `serve` (declared once): the
 command gets them as `gen`, one `GenerationOptions` (llamaspec/generation_options.py) for
-`Generator.from_options`; --grammar / -j and their file forms become its `grammar`."""
+`Generator.from_options`; --grammar / -j and their file forms become its `grammar`. The sampling
+and drafting options, their defaults and checks are the knob table's (llamaspec/knobs.py)."""
 
 from __future__ import annotations
 
@@ -9,25 +10,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from llamaspec import knobs
 from llamaspec.cli._options import (
-    CTX_SIZE_CHECK, AmxOpt, ChatOpt, DraftMaxOpt, DraftPMinOpt, FixedDraftOpt, ForceDraftOpt, GrammarFileOpt,
-    GrammarOpt, JsonSchemaFileOpt, JsonSchemaOpt, OfflineOpt, ThreadsOpt, _flag_group, at_least, check_draft_exists,
-    draft_length, grammar_flags, in_range,
+    CTX_SIZE_CHECK, AmxOpt, ChatOpt, FixedDraftOpt, ForceDraftOpt, GrammarFileOpt, GrammarOpt, JsonSchemaFileOpt,
+    JsonSchemaOpt, OfflineOpt, ThreadsOpt, check_draft_exists, flag_group, grammar_flags, knob_option,
 )
 from llamaspec.errors import UsageError
 from llamaspec.speculative.options import spec_type_help  # the spec-type table; no llama_cpp import
 
 if TYPE_CHECKING:
     from llamaspec.generation_options import GenerationOptions
-
-
-def above_zero(flag: str, hint: str | None = None):
-    def check(value):
-        if value is not None and not value > 0:
-            raise UsageError(f"{flag} must be > 0", hint)
-        return value
-
-    return check
 
 
 SPEC_HELP = (f"Speculative types, comma list, llama.cpp's names (aliases): {spec_type_help()}. "
@@ -39,25 +31,6 @@ DraftOpt = Annotated[Optional[str], typer.Option(
     help="Draft model: a GGUF path or Hub ref, 'auto' (MTP heads, a draft on disk, the registry, "
          "else prompt-lookup), or 'none'. Default (no --draft, no --spec-type): auto without downloads.")]
 SpecTypeOpt = Annotated[Optional[str], typer.Option("--spec-type", help=SPEC_HELP)]
-DraftMinOpt = Annotated[int, typer.Option("--draft-min", "--spec-draft-n-min", help="Drop drafts shorter than this.",
-                                           callback=draft_length("--draft-min", 0))]
-NPredictOpt = Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate; -1: until end-of-generation "
-                                          "or a full context.", callback=at_least("-n", -1, "-1: no limit"))]
-TempOpt = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.",
-                                        callback=at_least("--temp", 0, "0 means greedy"))]
-TopKOpt = Annotated[int, typer.Option("--top-k")]
-TopPOpt = Annotated[float, typer.Option("--top-p", callback=in_range("--top-p", 0, 1, open_low=True))]
-MinPOpt = Annotated[float, typer.Option("--min-p", callback=in_range("--min-p", 0, 1))]
-RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", callback=above_zero("--repeat-penalty", "1 is off"))]
-PresencePenaltyOpt = Annotated[float, typer.Option(
-    "--presence-penalty", help="Subtracted from the logit of every token already in the last --repeat-last-n; 0 = off.",
-    callback=in_range("--presence-penalty", -2, 2))]
-FrequencyPenaltyOpt = Annotated[float, typer.Option(
-    "--frequency-penalty", help="Subtracted from a token's logit once per time it is in the last --repeat-last-n; "
-                                "0 = off.", callback=in_range("--frequency-penalty", -2, 2))]
-RepeatLastNOpt = Annotated[int, typer.Option(
-    "--repeat-last-n", callback=at_least("--repeat-last-n", -1, "-1: every token, 0: off"))]
-SeedOpt = Annotated[Optional[int], typer.Option("-s", "--seed", help="Sampling seed (same seed, same output).")]
 StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")]
 CtxSizeOpt = Annotated[Optional[int], typer.Option(
     "-c", "--ctx-size", help="Context size in tokens (default 4096, capped at the model's training "
@@ -107,9 +80,7 @@ def _generation_options(**v: Any) -> "GenerationOptions":
     from llamaspec.speculative.sampling_params import SamplingParams
 
     check_draft_exists(v["draft"], number_is_length=True)
-    if v["draft_max"] is not None and v["draft_min"] > v["draft_max"]:
-        raise UsageError(f"--draft-min {v['draft_min']} exceeds --draft-max {v['draft_max']}",
-                         "--draft-min must be between 0 and --draft-max")
+    knobs.check_draft_min(v["draft_min"], v["draft_max"], flags=True)   # (named by their flags, before any load)
     spec_replace = []
     for value in v["spec_replace"] or ():
         target, sep, draft = value.partition(PAIR_SEP)
@@ -117,28 +88,27 @@ def _generation_options(**v: Any) -> "GenerationOptions":
             raise UsageError("--spec-replace takes two values", "--spec-replace TARGET DRAFT, e.g. "
                              "--spec-replace '<start_of_turn>' '<|im_start|>'")
         spec_replace.append((target, draft))
-    sampling = SamplingParams(temperature=v["temp"], top_k=v["top_k"], top_p=v["top_p"], min_p=v["min_p"],
-                              repeat_penalty=v["repeat_penalty"], repeat_last_n=v["repeat_last_n"],
-                              presence_penalty=v["presence_penalty"], frequency_penalty=v["frequency_penalty"],
-                              seed=v["seed"])
+    sampling = SamplingParams(**{name: v[name] for name in knobs.SAMPLING})
     return GenerationOptions(
         draft=v["draft"], spec_type=v["spec_type"], draft_max=v["draft_max"], draft_min=v["draft_min"],
         draft_p_min=v["draft_p_min"], adaptive=not v["fixed_k"], force_draft=v["force_draft"],
         search=tuple(v["search"] or ()), offline=v["offline"], ctx_size=v["ctx_size"], threads=v["threads"],
         n_gpu_layers=v["ngl"], n_gpu_layers_draft=v["ngld"], amx=v["amx"], sampling=sampling,
-        max_tokens=v["n_predict"], stop=tuple(v["stop"] or ()), chat=v["chat"], system=v["system"],
+        max_tokens=v["max_tokens"], stop=tuple(v["stop"] or ()), chat=v["chat"], system=v["system"],
         spec_replace=tuple(spec_replace),
         grammar=grammar_flags(v["grammar"], v["grammar_file"], v["json_schema"], v["json_schema_file"]))
 
 
 # run and batch: the command gets `gen`, a GenerationOptions (the model, ngram and parallel apart).
-generation_flags = _flag_group("gen", {
-    "draft": (DraftOpt, None), "spec_type": (SpecTypeOpt, None), "draft_max": (DraftMaxOpt, None),
-    "draft_min": (DraftMinOpt, 0), "draft_p_min": (DraftPMinOpt, 0.0), "fixed_k": (FixedDraftOpt, False),
-    "n_predict": (NPredictOpt, 256), "temp": (TempOpt, 0.8), "top_k": (TopKOpt, 40), "top_p": (TopPOpt, 0.95),
-    "min_p": (MinPOpt, 0.05), "repeat_penalty": (RepeatPenaltyOpt, 1.0), "repeat_last_n": (RepeatLastNOpt, 64),
-    "presence_penalty": (PresencePenaltyOpt, 0.0), "frequency_penalty": (FrequencyPenaltyOpt, 0.0),
-    "seed": (SeedOpt, None), "stop": (StopOpt, None), "ctx_size": (CtxSizeOpt, None), "threads": (ThreadsOpt, None),
+def _knobs(*names: str) -> dict[str, tuple[Any, Any]]:
+    """The flag group's entries of these knobs: (option, the command line's default), from the table."""
+    return {name: (knob_option(name), knobs.KNOBS[name].cli) for name in names}
+
+
+generation_flags = flag_group("gen", {
+    "draft": (DraftOpt, None), "spec_type": (SpecTypeOpt, None), **_knobs(*knobs.DRAFTING),
+    "fixed_k": (FixedDraftOpt, False), **_knobs("max_tokens", *knobs.SAMPLING),
+    "stop": (StopOpt, None), "ctx_size": (CtxSizeOpt, None), "threads": (ThreadsOpt, None),
     "ngl": (NglOpt, None), "ngld": (NgldOpt, None), "amx": (AmxOpt, None), "chat": (ChatOpt, None),
     "system": (SystemOpt, None), "offline": (OfflineOpt, False), "force_draft": (ForceDraftOpt, False),
     "search": (SearchOpt, None), "spec_replace": (SpecReplaceOpt, None),

@@ -1,7 +1,8 @@
 """The flags several commands take, each declared once with its range check.
 
 A command names a shared flag by its type (`draft_p_min: DraftPMinOpt = 0.0`). Range checks are
-typer callbacks built by `at_least` / `in_range` / `draft_length`, so they run while the flags are
+typer callbacks built by `at_least` / `in_range` / `knob_option` (the sampling and drafting
+settings, from the knob table: llamaspec/knobs.py), so they run while the flags are
 parsed (before any model is resolved or downloaded) and fail as a `UsageError`: the same one line
 and exit code 2 as every other flag error. Checks that relate two flags stay with the command.
 
@@ -27,11 +28,12 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
+from llamaspec import knobs
 from llamaspec.cli import _output as output
 from llamaspec.errors import InputError, UsageError
 from llamaspec.errors import must_be
 from llamaspec.runtime.cpu import AMX_HELP
-from llamaspec.speculative.options import MAX_DRAFT, NgramParams  # (no llama_cpp import)
+from llamaspec.speculative.options import NgramParams  # (no llama_cpp import)
 
 
 # ---- range checks (typer callbacks; None means the flag was not given) ----------------------------
@@ -58,21 +60,22 @@ def in_range(flag: str, low: int, high: int, *, open_low: bool = False) -> Calla
 
 
 def check_draft_length(value: int | None, flag: str) -> None:
-    """A draft length must fit one verify batch (llama.cpp's n_batch, 512, with the last token)."""
-    if value is not None and value > MAX_DRAFT:
-        raise UsageError(f"{flag} must be at most {MAX_DRAFT}",
-                         f"a verify step evaluates the last token and the draft in one batch of "
-                         f"{MAX_DRAFT + 1}; the adaptive length rarely goes past 32")
+    """A draft length of an n-gram flag must fit one verify batch (knobs.MAX_DRAFT: llama.cpp's
+    n_batch, 512, with the last token), worded as the knob table's draft lengths."""
+    if value is not None and value > knobs.MAX_DRAFT:
+        raise UsageError(must_be(flag, 1, knobs.MAX_DRAFT, got=value), knobs.DRAFT_HINT)
 
 
-def draft_length(flag: str, minimum: int) -> Callable[[Any], Any]:
-    lower = at_least(flag, minimum)
+def knob_option(name: str, *, low: int | None = None) -> Any:
+    """The option of a knob of the table (llamaspec/knobs.py): its flags and help, and the table's
+    one check as its callback (a UsageError naming the flag). Its default is `knobs.KNOBS[name].cli`.
+    low: this command's own lower bound (bench's --draft-max 1: every measured mode drafts)."""
+    k = knobs.KNOBS[name]
 
     def check(value):
-        check_draft_length(lower(value), flag)
-        return value
+        return knobs.check(name, value, k.spelled, low=low)
 
-    return check
+    return Annotated[Optional[k.kind] if k.optional else k.kind, typer.Option(*k.flags, help=k.help, callback=check)]
 
 
 # ---- shared flags --------------------------------------------------------------------------------
@@ -91,19 +94,9 @@ ForceDraftOpt = Annotated[bool, typer.Option(
     "--force-draft", help="Use a draft that fails the vocabulary check.")]
 FixedDraftOpt = Annotated[bool, typer.Option(
     "--fixed-draft", help="Always draft --draft-max tokens (no adaptive draft length).")]
-DraftPMinOpt = Annotated[float, typer.Option(
-    "--draft-p-min", "--spec-draft-p-min", help="Draft model stops when its top probability is below this.",
-    callback=in_range("--draft-p-min", 0, 1))]
-
-
-def _draft_max_opt(minimum: int) -> Any:
-    return Annotated[Optional[int], typer.Option(
-        "--draft-max", "--spec-draft-n-max", help="Most draft tokens per step (adaptive below it).",
-        callback=draft_length("--draft-max", minimum))]
-
-
-DraftMaxOpt = _draft_max_opt(0)          # run: 0 drafts nothing
-DraftMaxMeasuredOpt = _draft_max_opt(1)  # bench: every measured mode drafts
+DraftPMinOpt = knob_option("draft_p_min")
+DraftMaxOpt = knob_option("draft_max")                  # run: 0 drafts nothing
+DraftMaxMeasuredOpt = knob_option("draft_max", low=1)   # bench: every measured mode drafts
 
 CTX_SIZE_CHECK = at_least("-c/--ctx-size", 0, "0 uses the model's training context")
 
@@ -224,7 +217,7 @@ def grammar_flags(grammar: str | None, grammar_file: Path | None, json_schema: s
 # ---- flag groups ---------------------------------------------------------------------------------
 
 
-def _flag_group(name: str, flags: dict[str, tuple[Any, Any]], build: Callable[..., Any]):
+def flag_group(name: str, flags: dict[str, tuple[Any, Any]], build: Callable[..., Any]):
     """A decorator: the command's keyword-only parameter `name` becomes `flags` (parameter name
     -> (Annotated type, default)) at the same place in its --help, and the command is called with
     `name` = build(**the values of those flags)."""
@@ -261,7 +254,7 @@ QuietOpt = Annotated[bool, typer.Option("-q", "--quiet", help="Print only the es
 VerboseOpt = Annotated[bool, typer.Option("-v", "--verbose", help="More detail on stderr.")]
 
 # Every command: how it prints. The command gets `out`, the configured printer.
-output_flags = _flag_group(
+output_flags = flag_group(
     "out", {"json": (JsonOpt, False), "quiet": (QuietOpt, False), "verbose": (VerboseOpt, False)},
     lambda json, quiet, verbose: output.configure(json=json, quiet=quiet, verbose=verbose))
 
@@ -348,7 +341,7 @@ def ngram_params(size_n: int | None, size_m: int | None, mod_match: int | None, 
 
 
 # run and bench: the command gets `ngram`, checked NgramParams.
-ngram_flags = _flag_group(
+ngram_flags = flag_group(
     "ngram", {"ngram_size_n": (NgramSizeNOpt, None), "ngram_size_m": (NgramSizeMOpt, None),
               "ngram_mod_match": (NgramModMatchOpt, None), "ngram_mod_min": (NgramModMinOpt, None),
               "ngram_mod_max": (NgramModMaxOpt, None), "map_k_size_n": (NgramMapKSizeNOpt, None),

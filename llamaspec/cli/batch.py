@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from llamaspec import knobs
 from llamaspec.cli._generation import generation_flags
 from llamaspec.cli._options import at_least, draft_size_warning, ngram_flags, output_flags
 from llamaspec.cli._output import Output
@@ -175,10 +176,8 @@ def _prewarm_compiles(model: str | None, items, request_type) -> None:
 def _engine_request(request_type, r, completions: str):
     """The engine's Request for a parsed line (its per-request settings are validated there)."""
     return request_type(r.prompt if r.messages is None else r.messages, id=r.id, max_tokens=r.max_tokens,
-                        temperature=r.temperature, top_p=r.top_p, seed=r.seed, stop=r.stop or None,
-                        chat=False if r.openai == completions else None, top_k=r.top_k, min_p=r.min_p,
-                        repeat_penalty=r.repeat_penalty, presence_penalty=r.presence_penalty,
-                        frequency_penalty=r.frequency_penalty, **r.structured)
+                        stop=r.stop or None, chat=False if r.openai == completions else None,
+                        **{k: getattr(r, k) for k in knobs.PER_REQUEST}, **r.structured)
 
 
 @contextmanager

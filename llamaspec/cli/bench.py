@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from llamaspec import knobs
 from llamaspec.cli._options import (
     CTX_SIZE_CHECK, AmxOpt, ChatOpt, DraftMaxMeasuredOpt, DraftPMinOpt, FileOpt, FixedDraftOpt, ForceDraftOpt,
     OfflineOpt, PromptOpt, ThreadsOpt, at_least, check_draft_exists, draft_size_warning, ngram_flags, output_flags,
@@ -65,8 +66,8 @@ def bench(
     threads: ThreadsOpt = None,
     ctx_size: Annotated[int, typer.Option("-c", "--ctx-size", help="Context size in tokens.",
                                           callback=CTX_SIZE_CHECK)] = 4096,
-    draft_max: DraftMaxMeasuredOpt = None,
-    draft_p_min: DraftPMinOpt = 0.0,
+    draft_max: DraftMaxMeasuredOpt = knobs.DEFAULT.draft_max,
+    draft_p_min: DraftPMinOpt = knobs.DEFAULT.draft_p_min,
     fixed_k: FixedDraftOpt = False,
     chat: ChatOpt = None,
     html: Annotated[Optional[Path], typer.Option(

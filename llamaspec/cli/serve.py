@@ -115,7 +115,7 @@ def serve(
         raise UsageError("--api-key is empty", "give a key, or leave --api-key out to serve without one")
     key = api_key if api_key is not None else (os.environ.get("LLAMASPEC_API_KEY") or None)
     origins = [o.strip() for o in (cors_origins or "").split(",") if o.strip()]
-    if getattr(ctx.get_parameter_source("n_predict"), "name", "DEFAULT") == "DEFAULT":   # -n not given
+    if getattr(ctx.get_parameter_source("max_tokens"), "name", "DEFAULT") == "DEFAULT":   # -n not given
         from llamaspec.openai.fields import NO_LIMIT   # max_tokens omitted: until end-of-generation or a full context
 
         gen = replace(gen, max_tokens=NO_LIMIT)

@@ -67,7 +67,7 @@ def check_metadata(metadata: dict[str, Any], source: str) -> None:
         raise corrupt(source, f"key 'general.alignment' is {align}, expected a power of two")
 
 
-def _data_start(metadata: dict[str, Any], header_end: int) -> int:
+def data_start(metadata: dict[str, Any], header_end: int) -> int:
     alignment = metadata.get("general.alignment", 32)
     alignment = alignment if isinstance(alignment, int) and alignment > 0 else 32
     return -(-header_end // alignment) * alignment
@@ -77,7 +77,7 @@ def data_end(tensors: list, metadata: dict[str, Any], header_end: int) -> tuple[
     """(file offset where the tensor data ends, the tensor ending there); types ggml's table does
     not know count from their start only."""
     end, last = 0, None
-    start = _data_start(metadata, header_end)
+    start = data_start(metadata, header_end)
     for t in tensors:
         block, size = GGML_BLOCKS.get(t.ggml_type, (1, 0))
         stop = start + t.offset + -(-t.n_elements // block) * size

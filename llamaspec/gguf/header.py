@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 from llamaspec.errors import ModelFileError
 from llamaspec.gguf.file_memo import memo
-from llamaspec.gguf.checks import corrupt as _corrupt, _data_start, check_metadata, data_end
+from llamaspec.gguf.checks import corrupt as _corrupt, data_start, check_metadata, data_end
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
@@ -39,7 +39,7 @@ SCALAR_TYPES: dict[int, struct.Struct] = {
     {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}.items()
 }
 # array.array codes for arrays of scalars (array has no bool: GGUF bools are bytes 0/1)
-_ARRAY_CODES = {t: "B" if s.format == "<?" else s.format[1:] for t, s in SCALAR_TYPES.items()}
+ARRAY_CODES = {t: "B" if s.format == "<?" else s.format[1:] for t, s in SCALAR_TYPES.items()}
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 
@@ -268,7 +268,7 @@ class _Reader:
             count = self.u64()
             if etype == T_ARRAY:  # llama.cpp's reader refuses them too; no recursion on hostile input
                 raise self.corrupt("array of arrays", at)
-            if etype != T_STRING and etype not in _ARRAY_CODES:
+            if etype != T_STRING and etype not in ARRAY_CODES:
                 raise self.corrupt(f"unknown array element type {etype}", at)
             item = 8 if etype == T_STRING else SCALAR_TYPES[etype].size
             if count > _MAX_ITEMS:
@@ -276,7 +276,7 @@ class _Reader:
             self._room(count * item, f"the array of {count:,} items", at)
             if etype == T_STRING:
                 return self.strings(count, decode)
-            arr = array.array(_ARRAY_CODES[etype])
+            arr = array.array(ARRAY_CODES[etype])
             arr.frombytes(self.take(count * arr.itemsize))
             if sys.byteorder != "little":
                 arr.byteswap()
@@ -396,6 +396,6 @@ def last_tensor_start(tensors: list[TensorInfo], metadata: dict[str, Any], heade
     """
     if not tensors:
         return 0
-    return _data_start(metadata, header_end) + max(t.offset for t in tensors)
+    return data_start(metadata, header_end) + max(t.offset for t in tensors)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from llamaspec.gguf.header import (
-    _ARRAY_CODES, GGUF_MAGIC, GGUF_VERSIONS, MAX_DIMS, SCALAR_TYPES, T_ARRAY, T_STRING, U32, U64, GGUFHeader,
+    ARRAY_CODES, GGUF_MAGIC, GGUF_VERSIONS, MAX_DIMS, SCALAR_TYPES, T_ARRAY, T_STRING, U32, U64, GGUFHeader,
     TensorInfo,
 )
 from llamaspec.gguf.checks import ARCH_INT_KEYS, KNOWN_TYPES, check_metadata, data_end
@@ -62,7 +62,7 @@ class Peek:
 # ---- raw GGUF bytes (memory-mapped; only what is asked for is paged in) ---------------------------
 
 
-def _skip_strings(mm: Any, pos: int, count: int, end: int) -> int:
+def skip_strings(mm: Any, pos: int, count: int, end: int) -> int:
     for _ in range(count):
         pos += 8 + _u64(mm, pos)[0]
         if pos > end:
@@ -70,7 +70,7 @@ def _skip_strings(mm: Any, pos: int, count: int, end: int) -> int:
     return pos
 
 
-def _skip_value(mm: Any, vtype: int, pos: int, end: int) -> int:
+def skip_value(mm: Any, vtype: int, pos: int, end: int) -> int:
     if vtype in _SIZES:
         return pos + _SIZES[vtype]
     if vtype == T_STRING:
@@ -81,12 +81,12 @@ def _skip_value(mm: Any, vtype: int, pos: int, end: int) -> int:
         if etype in _SIZES:
             return pos + count * _SIZES[etype]
         if etype == T_STRING:
-            return _skip_strings(mm, pos, count, end)
+            return skip_strings(mm, pos, count, end)
         raise ValueError(f"array of GGUF type {etype}")  # arrays of arrays: llama.cpp refuses them too
     raise ValueError(f"unknown GGUF type {vtype}")
 
 
-def _str(mm: Any, pos: int) -> tuple[str, int]:
+def read_str(mm: Any, pos: int) -> tuple[str, int]:
     n = _u64(mm, pos)[0]
     stop = pos + 8 + n
     if stop > len(mm):
@@ -129,23 +129,23 @@ def _peek_mm(mm: Any) -> Peek | None:
     arch = model = n_tokens = None
     nextn = 0
     for _ in range(_u64(mm, 16)[0]):
-        key, pos = _str(mm, pos)
+        key, pos = read_str(mm, pos)
         vtype = _u32(mm, pos)[0]
         pos += 4
         if key == "general.architecture" and vtype == T_STRING:
-            arch, pos = _str(mm, pos)
+            arch, pos = read_str(mm, pos)
         elif key == "tokenizer.ggml.model" and vtype == T_STRING:
-            model, pos = _str(mm, pos)
+            model, pos = read_str(mm, pos)
         elif key == "tokenizer.ggml.tokens" and vtype == T_ARRAY:
             n_tokens = _u64(mm, pos + 4)[0]
             if arch is not None and model is not None:
                 break  # all we need: the token texts themselves are never decoded here
-            pos = _skip_value(mm, vtype, pos, end)
+            pos = skip_value(mm, vtype, pos, end)
         elif key.endswith(".nextn_predict_layers") and vtype in (4, 5):  # u32 / i32
             nextn = _u32(mm, pos)[0]
             pos += 4
         else:
-            pos = _skip_value(mm, vtype, pos, end)
+            pos = skip_value(mm, vtype, pos, end)
         if pos > end:
             return None
     return Peek(arch, model, n_tokens, nextn)
@@ -167,16 +167,16 @@ class TargetTokens:
         return 0 if m <= 5 else self.ends[m - 6]
 
 
-def _tokens_array(mm: Any) -> tuple[int, int]:
+def tokens_array(mm: Any) -> tuple[int, int]:
     """(position of the first token entry, count) of tokenizer.ggml.tokens."""
     end, pos = len(mm), 24
     for _ in range(_u64(mm, 16)[0]):
-        key, pos = _str(mm, pos)
+        key, pos = read_str(mm, pos)
         vtype = _u32(mm, pos)[0]
         pos += 4
         if key == "tokenizer.ggml.tokens" and vtype == T_ARRAY and _u32(mm, pos)[0] == T_STRING:
             return pos + 12, _u64(mm, pos + 4)[0]
-        pos = _skip_value(mm, vtype, pos, end)
+        pos = skip_value(mm, vtype, pos, end)
     raise ValueError("no token list")
 
 
@@ -187,10 +187,10 @@ def target_tokens(header: GGUFHeader) -> TargetTokens | None:
         return None
     try:
         with open(header.source, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            start, count = _tokens_array(mm)
+            start, count = tokens_array(mm)
             if count != len(texts):
                 return None
-            p5 = _skip_strings(mm, start, min(5, count), len(mm))
+            p5 = skip_strings(mm, start, min(5, count), len(mm))
             ends, pos, end = [], p5, len(mm)
             for _ in range(count - min(5, count)):
                 pos += 8 + _u64(mm, pos)[0]
@@ -219,7 +219,7 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
     meta: dict[str, Any] = {}
     pos = 24
     for _ in range(n_kv):
-        key, pos = _str(mm, pos)
+        key, pos = read_str(mm, pos)
         if key in meta:
             return None  # a duplicate key: the full parser names it
         vtype = _u32(mm, pos)[0]
@@ -229,14 +229,14 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
             meta[key] = scalar.unpack_from(mm, pos)[0]
             pos += scalar.size
         elif vtype == T_STRING:
-            text, pos = _str(mm, pos)
+            text, pos = read_str(mm, pos)
             meta[key] = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # as read_file
         elif key == "tokenizer.ggml.tokens" and vtype == T_ARRAY and _u32(mm, pos)[0] == T_STRING:
             count = _u64(mm, pos + 4)[0]
             pos += 12
             head = []
             for _ in range(min(5, count)):
-                text, pos = _str(mm, pos)
+                text, pos = read_str(mm, pos)
                 head.append(text)
             m = min(count, len(target.texts))
             span = target.span(m)
@@ -245,13 +245,13 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
             pos += span
             tail = []
             for _ in range(count - max(m, len(head))):
-                text, pos = _str(mm, pos)
+                text, pos = read_str(mm, pos)
                 tail.append(text)
             meta[key] = head + target.texts[len(head):m] + tail
-        elif vtype == T_ARRAY and _u32(mm, pos)[0] in _ARRAY_CODES and _u64(mm, pos + 4)[0] <= _SMALL_ARRAY:
+        elif vtype == T_ARRAY and _u32(mm, pos)[0] in ARRAY_CODES and _u64(mm, pos + 4)[0] <= _SMALL_ARRAY:
             # Short number arrays (a draft's target_layers, a SWA pattern) as read_file gives them;
             # long ones (token types, scores, merges) are skipped.
-            arr = array.array(_ARRAY_CODES[_u32(mm, pos)[0]])
+            arr = array.array(ARRAY_CODES[_u32(mm, pos)[0]])
             count = _u64(mm, pos + 4)[0]
             pos += 12
             arr.frombytes(mm[pos:pos + count * arr.itemsize])
@@ -262,7 +262,7 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
         elif key in KNOWN_TYPES or key.rsplit(".", 1)[-1] in ARCH_INT_KEYS:
             return None  # a known key of the wrong type: the full parser names it
         else:
-            pos = _skip_value(mm, vtype, pos, end)  # long arrays other than the tokens are not needed
+            pos = skip_value(mm, vtype, pos, end)  # long arrays other than the tokens are not needed
         if pos > end:
             return None
     if meta.get("tokenizer.ggml.model") in _FAST_SKIP_MODELS:
@@ -273,7 +273,7 @@ def _light(mm: Any, target: TargetTokens, path: Path) -> GGUFHeader | None:
         return None  # a key of the wrong type: the full parser names it
     tensors = []
     for _ in range(n_tensors):
-        name, pos = _str(mm, pos)
+        name, pos = read_str(mm, pos)
         n_dims = _u32(mm, pos)[0]
         if n_dims > MAX_DIMS:
             return None

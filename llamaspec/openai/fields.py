@@ -8,21 +8,24 @@ it too): the request error, JSON's type names, the `stop` rule and the no-limit 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-from llamaspec.errors import UsageError
+from llamaspec.errors import UsageError, jtype
 
 CHAT, COMPLETION = "chat", "completion"
 
 
 class RequestError(UsageError):
-    """A request body the server refuses (HTTP 400): `param` names the field, `code` is OpenAI's
-    error code when there is one (context_length_exceeded)."""
+    """A request body the server refuses (HTTP 400): `param` (its `field`) names the field, `code`
+    is OpenAI's error code when there is one (context_length_exceeded)."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.param, self.code = param, code
+        super().__init__(message, field=param)
+        self.code = code
+
+    @property
+    def param(self) -> str | None:
+        return self.field
 
 
 def shown(v: Any) -> str:
@@ -31,13 +34,6 @@ def shown(v: Any) -> str:
         return json.dumps(v)[:40]
     except (ValueError, RecursionError):   # (NaN / inf are refused as not JSON before this)
         return jtype(v)
-
-
-def jtype(v: Any) -> str:
-    """JSON's name for a value's type, as the user wrote it."""
-    if v is None or isinstance(v, bool):
-        return "null" if v is None else "boolean"
-    return {str: "string", int: "number", float: "number", list: "array", dict: "object"}.get(type(v), "value")
 
 
 #: max_tokens for "until end-of-generation or a full context" (llama-server's n_predict -1):
@@ -70,18 +66,3 @@ def parse_stop(v: Any, name: str = "stop") -> list[str]:
         if len(s.encode("utf-8", "surrogatepass")) > MAX_STOP_BYTES:
             raise RequestError(f"{name}[{i}] is longer than the limit of {MAX_STOP_BYTES} bytes", name)
     return [s for s in items if s]
-
-
-def param_of(error: UsageError) -> str | None:
-    """The request field a validation error of the engine names (its messages start with it:
-    "temperature must be a number >= 0 ...", "logit_bias: 7 is not ...").
-
-        >>> param_of(UsageError("logit_bias: '99' is not a token id of this model"))
-        'logit_bias'
-    """
-    if isinstance(error, RequestError):
-        return error.param
-    if getattr(error, "field", None):   # a grammar llama.cpp refused (runtime.grammar.GrammarError)
-        return error.field
-    m = re.match(r"([A-Za-z_]\w*)(?=[ :.\[]|$)", error.message)   # "logit_bias: ...", "stop[2] ..."
-    return m.group(1) if m else None

@@ -1,6 +1,7 @@
 """Chat messages as pydantic models (text content, tool calls and tool results), the scalar
-checks the request models share (sampling numbers, 64-bit integers, strict types), and the one
-translation of a pydantic ValidationError into a RequestError naming the field.
+checks the request models share (64-bit integers, strict types; the sampling knobs are checked by
+the knob table, llamaspec/knobs.py), and the one translation of a pydantic ValidationError into a
+RequestError naming the field.
 
     >>> Message.model_validate({"role": "developer", "content": [{"type": "text", "text": "a"}]}).as_dict()
     {'role': 'system', 'content': 'a'}
@@ -12,7 +13,7 @@ from typing import Annotated, Any, Callable, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from llamaspec.errors import INT64_MAX, INT64_MIN, SAMPLING_NUMBER, sampling_number_ok
+from llamaspec.errors import INT64_MAX, INT64_MIN
 from llamaspec.openai.fields import RequestError, jtype, shown
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -42,15 +43,6 @@ def checked_int(v: Any) -> Any:
     if v is not None and not INT64_MIN <= v <= INT64_MAX:
         raise Refused(f"must be a 64-bit integer (between -2^63 and 2^63-1), got {shown(v)}")
     return v
-
-
-def checked_number(v: Any) -> Any:
-    """A sampling number: finite and within float32's range (llama.cpp's samplers take float)."""
-    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-        raise Refused(f"must be a number, got {jtype(v)}")
-    if v is not None and not sampling_number_ok(v):
-        raise Refused(f"must be {SAMPLING_NUMBER} (got {shown(v) if isinstance(v, int) else repr(v)})")
-    return None if v is None else float(v)
 
 
 def _content(v: Any) -> Any:

@@ -18,18 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from llamaspec import knobs
+from llamaspec.errors import UsageError
 from llamaspec.openai import response_format as rf
 from llamaspec.openai.fields import (CHAT, COMPLETION, MAX_STOP_BYTES, MAX_STOPS, NO_LIMIT, RequestError, jtype,
-                                     param_of, parse_stop, shown)
-from llamaspec.openai.messages import Message, Refused, checked_int, checked_number, strict, to_request_error
+                                     parse_stop, shown)
+from llamaspec.openai.messages import Message, Refused, checked_int, strict, to_request_error
 from llamaspec.openai.unsupported import unsupported_field
 
 __all__ = ["CHAT", "COMPLETION", "MAX_STOPS", "MAX_STOP_BYTES", "NO_LIMIT", "ChatBody", "CompletionBody", "Parsed",
-           "RequestError", "jtype", "param_of", "parse_chat", "parse_completion", "parse_messages", "parse_stop"]
+           "RequestError", "jtype", "parse_chat", "parse_completion", "parse_messages", "parse_stop"]
 
-Number = Annotated[Optional[float], BeforeValidator(checked_number)]   # finite, float32's range
 Int64 = Annotated[Optional[int], BeforeValidator(checked_int)]
 
 
@@ -80,14 +81,15 @@ class _Body(BaseModel):
     max_completion_tokens: Int64 = None
     max_tokens: Int64 = None
     n_predict: Int64 = None
-    temperature: Number = None
-    top_p: Number = None
-    min_p: Number = None
-    repeat_penalty: Number = None
-    presence_penalty: Number = None
-    frequency_penalty: Number = None
-    top_k: Int64 = None
-    seed: Int64 = None
+    # the sampling knobs (knobs.PER_REQUEST): checked by the knob table's one check (_knob below)
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    min_p: Optional[float] = None
+    repeat_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    top_k: Optional[int] = None
+    seed: Optional[int] = None
     stop: Annotated[Optional[list[str]], BeforeValidator(_stop)] = None
     ignore_eos: Annotated[Optional[bool], BeforeValidator(strict(bool, "a boolean"))] = None
     logit_bias: Annotated[Optional[dict[int, float]], BeforeValidator(rf.logit_bias)] = None
@@ -98,6 +100,18 @@ class _Body(BaseModel):
     guided_json: Annotated[Any, BeforeValidator(rf.schema_value)] = None
     guided_grammar: Annotated[Optional[str], BeforeValidator(strict(str, "a string (a GBNF grammar)"))] = None
     guided_choice: Annotated[Optional[list[str]], BeforeValidator(rf.choices)] = None
+
+    @field_validator(*knobs.PER_REQUEST, mode="before")
+    @classmethod
+    def _knob(cls, v: Any, info: ValidationInfo) -> Any:
+        """A sampling field, by the knob table's type and range (knobs.check): the refusal names it."""
+        if v is None:
+            return None
+        try:
+            v = knobs.check(info.field_name, v)
+        except UsageError as e:
+            raise Refused(e.message, whole=True, param=e.field) from None
+        return v if knobs.KNOBS[info.field_name].kind is int else float(v)
 
     def common_fields(self) -> dict[str, Any]:
         """Request keyword arguments of the fields both endpoints share."""
@@ -110,9 +124,7 @@ class _Body(BaseModel):
             raise RequestError(f"{key} must be >= 0{' (or -1: no limit)' if key == 'n_predict' else ''}, "
                                f"got {max_tokens}", key)
         # An empty stop list is no stop of the request's own: the server's --stop default applies.
-        req = dict(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed,
-                   stop=self.stop or None, top_k=self.top_k, min_p=self.min_p, repeat_penalty=self.repeat_penalty,
-                   presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty)
+        req = dict(max_tokens=max_tokens, stop=self.stop or None, **{k: getattr(self, k) for k in knobs.PER_REQUEST})
         if self.ignore_eos:   # llama-server's: generate past end-of-generation
             req["ignore_eos"] = True
         if self.logit_bias:

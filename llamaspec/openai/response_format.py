@@ -14,18 +14,17 @@ expression yet (a schema's `pattern` constrains a JSON string, quotes included).
 from __future__ import annotations
 
 import json
-import math
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from llamaspec.knobs import bias_ok, bias_refused
 from llamaspec.openai.fields import RequestError, jtype
 from llamaspec.openai.messages import Refused, strict as only
 
 if TYPE_CHECKING:
     from llamaspec.runtime.grammar import GrammarSpec
 
-BIAS_LIMIT = 100   # OpenAI's logit_bias range
 FORMATS = ("text", "json_object", "json_schema")
 #: the request fields that constrain the output, in the order a conflict names them
 CONSTRAINTS = ("response_format", "grammar", "json_schema", "guided_json", "guided_grammar", "guided_choice")
@@ -87,7 +86,7 @@ def count(limit: int) -> Callable[[Any], Any]:
 
 
 def logit_bias(v: Any) -> Any:
-    """{token id (a string of digits, as JSON keys are): bias from -100 to 100} -> {int: float}.
+    """{token id (a string of digits, as JSON keys are): bias within knobs.BIAS_LIMIT} -> {int: float}.
     Whether the ids are in the vocabulary is checked against the model (constraints.py)."""
     if v is None:
         return v
@@ -100,10 +99,9 @@ def logit_bias(v: Any) -> Any:
             tok = int(key)
         if tok is None:
             raise Refused(f"logit_bias: {key!r} is not a token id (a string of digits)", whole=True)
-        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not (
-                -BIAS_LIMIT <= bias <= BIAS_LIMIT or bias == -math.inf):
-            raise Refused(f"logit_bias[{key}] must be a number from -{BIAS_LIMIT} to {BIAS_LIMIT}, got "
-                          f"{json.dumps(bias)[:40] if isinstance(bias, (str, int, float)) else jtype(bias)}", whole=True)
+        if not bias_ok(bias):
+            shown = json.dumps(bias)[:40] if isinstance(bias, (str, int, float)) else jtype(bias)
+            raise Refused(bias_refused("logit_bias", key, shown), whole=True)
         out[tok] = float(bias)
     return out
 

@@ -13,7 +13,7 @@ import numpy as np
 import llama_cpp
 
 from llamaspec.errors import ContextFullError, ModelLoadError
-from llamaspec.runtime.llama import DecodeClock, Model, _LOG_TAIL, _last_log_error, default_threads
+from llamaspec.runtime.llama import DecodeClock, Model, LOG_TAIL, last_log_error, default_threads
 
 
 @dataclass
@@ -62,10 +62,10 @@ class Context:
         self.unified = unified
         if unified:
             p.kv_unified = True
-        _LOG_TAIL.clear()
+        LOG_TAIL.clear()
         self.ptr = llama_cpp.llama_init_from_model(model.ptr, p)
         if not self.ptr:
-            why = _last_log_error()
+            why = last_log_error()
             raise ModelLoadError(f"could not create a llama.cpp context for {model.path.name}"
                                  + (f": {why}" if why else ""), "try a smaller --ctx-size")
         self.n_ctx = llama_cpp.llama_n_ctx(self.ptr)

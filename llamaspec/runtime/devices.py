@@ -33,10 +33,10 @@ _SIGNATURES = {
 def _lib():
     import llama_cpp
 
-    from llamaspec.runtime.info import _lib_dir
+    from llamaspec.runtime.info import lib_dir
 
     llama_cpp.llama_backend_init()   # registers the backends (and loads dynamic ones)
-    d = _lib_dir()
+    d = lib_dir()
     found = sorted(d.glob("libggml.so*")) + sorted(d.glob("libggml.dylib")) + sorted(d.glob("ggml.dll"))
     if not found:
         raise OSError(f"no libggml in {d}")
@@ -103,7 +103,7 @@ def plan_offload(target_path: Path, draft_path: Path | None, *, n_gpu_layers: in
     None if none). n_ctx / default_ctx / n_seq: the context as load_pipeline sizes it.
     target_loaded: the target is in memory already (its layers are out of the devices' free
     memory), only the draft is placed."""
-    from llamaspec.runtime.info import _headers
+    from llamaspec.runtime.info import gguf_headers
 
     given = dict(n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft, target_loaded=target_loaded,
                  has_draft=draft_path is not None)
@@ -113,12 +113,12 @@ def plan_offload(target_path: Path, draft_path: Path | None, *, n_gpu_layers: in
     target = draft = None
     if p.gpu_offload and offload.model_devices(p.devices):   # sizes matter only with a GPU to fill
         try:
-            th = _headers(Path(target_path))
+            th = gguf_headers(Path(target_path))
             tokens = context_tokens(int(th[0].context_length or 0), n_ctx, default_ctx, n_seq)
             if not target_loaded:
                 target = offload.needs_from_headers(th, n_ctx=tokens, load_nextn=load_mtp)
             if draft_path is not None:
-                draft = offload.needs_from_headers(_headers(Path(draft_path)), n_ctx=tokens)
+                draft = offload.needs_from_headers(gguf_headers(Path(draft_path)), n_ctx=tokens)
         except Exception as e:  # noqa: BLE001 - the load that follows reports a bad file precisely
             d = offload.decide((), None, gpu_offload=False, **given)
             return replace(d, reason=f"GGUF sizes unreadable ({type(e).__name__}): nothing offloaded")

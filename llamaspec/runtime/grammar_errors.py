@@ -10,8 +10,7 @@ class GrammarError(UsageError):
     """A grammar or JSON schema that cannot be compiled; `field` names where it came from."""
 
     def __init__(self, message: str, field: str, hint: str | None = None):
-        super().__init__(message, hint)
-        self.field = field
+        super().__init__(message, hint, field)
 
 
 def parse_error(stderr_text: str, log_lines: list[str]) -> str:

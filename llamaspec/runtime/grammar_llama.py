@@ -141,11 +141,11 @@ def _compile(model, spec: "GrammarSpec"):
     """llama.cpp's grammar sampler for `spec`; GrammarError naming spec.field when it fails."""
     import llama_cpp
 
-    from llamaspec.runtime.llama import _LOG_TAIL
+    from llamaspec.runtime.llama import LOG_TAIL
 
     gbnf, root = spec.gbnf.encode("utf-8"), spec.root.encode("utf-8")
     with STDERR_LOCK, _native_stderr(capture=not verified(spec_key(spec, model))) as said:
-        _LOG_TAIL.clear()
+        LOG_TAIL.clear()
         if spec.lazy:
             pats = [p.encode("utf-8") for p in spec.trigger_patterns]
             pat_arr = (ctypes.c_char_p * max(1, len(pats)))(*pats)
@@ -154,7 +154,7 @@ def _compile(model, spec: "GrammarSpec"):
                                                                      tok_arr, len(spec.trigger_tokens))
         else:
             ptr = llama_cpp.llama_sampler_init_grammar(model.vocab, gbnf, root)
-        log = list(_LOG_TAIL)
+        log = list(LOG_TAIL)
     why = "" if ptr else _parse_error(said[0], log)
     if said[0] and not why:   # anything but the parser's reason (which the one-line error says) is kept
         os.write(2, said[0].encode("utf-8"))

@@ -29,7 +29,7 @@ GPU_BUILDS = {
 }
 
 
-def _lib_dir() -> Path:
+def lib_dir() -> Path:
     import llama_cpp
 
     return Path(llama_cpp.__file__).parent / "lib"
@@ -144,7 +144,7 @@ def _ggml() -> _Ggml:
     import llama_cpp
 
     llama_cpp.llama_backend_init()
-    return _Ggml(_lib_dir())
+    return _Ggml(lib_dir())
 
 
 def cpu_extra_bufts() -> list[tuple[str, int]]:
@@ -247,7 +247,7 @@ def repack_supported(ggml_type: int, ne0: int, ne1: int) -> bool:
         g.ggml_free(ctx)
 
 
-def _headers(path: Path) -> list:
+def gguf_headers(path: Path) -> list:
     """GGUF headers of a model and, when it is split, of its other parts (name-00001-of-00003.gguf)."""
     from llamaspec.gguf.header import read_file
 
@@ -263,7 +263,7 @@ def _headers(path: Path) -> list:
 def repack_weights(path: Path) -> list[str]:
     """The weights of `path` that llama.cpp would repack here (CPU_REPACK), by tensor name."""
     names = []
-    for header in _headers(path):
+    for header in gguf_headers(path):
         for t in header.tensors:
             if (len(t.shape) == 2 and cpu_policy.is_matmul_weight(t.name)
                     and repack_supported(t.ggml_type, t.shape[0], t.shape[1])):
@@ -317,12 +317,12 @@ def collect() -> dict:
 
     llama_cpp.llama_backend_init()
     system_info = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-    lib_dir = _lib_dir()
+    libdir = lib_dir()
     try:
-        backends, devices = _backends_from_ggml(lib_dir)
+        backends, devices = _backends_from_ggml(libdir)
     except (OSError, AttributeError):
         backends, devices = [], []
-    libs = sorted(p.name for p in lib_dir.glob("*ggml*")) if lib_dir.exists() else []
+    libs = sorted(p.name for p in libdir.glob("*ggml*")) if libdir.exists() else []
     features = _system_info_features(system_info)
     gpu = bool(llama_cpp.llama_supports_gpu_offload())
     return {

@@ -22,13 +22,13 @@ from llamaspec.runtime import llama_log
 
 # ---- llama.cpp's log: kept quiet, but remembered so load failures can say why -----------------
 # Shown only where llama_log.route sends it (the CLI's --log-verbose / --log-file).
-_LOG_TAIL: deque[str] = deque(maxlen=30)
+LOG_TAIL: deque[str] = deque(maxlen=30)
 
 
 @llama_cpp.llama_log_callback
 def _log_cb(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # pragma: no cover - C callback
     msg = text.decode("utf-8", errors="replace")
-    _LOG_TAIL.append(msg)
+    LOG_TAIL.append(msg)
     llama_log.emit(msg)
 
 
@@ -46,10 +46,10 @@ _GENERIC = ("failed to load model", "failed to read key-value pairs", "failed to
             "failed to read tensor data", "failed to read header", "error loading model:")
 
 
-def _last_log_error() -> str:
+def last_log_error() -> str:
     """llama.cpp's reason for the last load failure, from its log: gguf's own complaint (a bad key,
     offset or type) when there is one, else the loader's "error loading model: <reason>"."""
-    lines = [line.strip() for line in _LOG_TAIL if line.strip()]
+    lines = [line.strip() for line in LOG_TAIL if line.strip()]
     for line in lines:
         if line.startswith("gguf_") and not any(g in line for g in _GENERIC):
             return line.split(": ", 1)[-1]
@@ -110,14 +110,14 @@ class Model:
         # models, llama.cpp issue 20824) but keep CPU_REPACK; see cpu_policy.py.
         self.amx = amx
         self.buffers = apply_buffer_policy(params, self.path, amx, decision=buffers)  # keeps overrides alive
-        _LOG_TAIL.clear()
+        LOG_TAIL.clear()
         self.ptr = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             from llamaspec.gguf.header import read_file, require_data
 
             # A missing, truncated or non-GGUF file gets its own message, naming the byte or key.
             require_data(read_file(self.path))
-            why = _last_log_error()
+            why = last_log_error()
             raise ModelLoadError(f"llama.cpp could not load {self.path}" + (f": {why}" if why else ""),
                                  _load_hint(why))
         self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)

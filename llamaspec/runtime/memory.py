@@ -83,8 +83,8 @@ def _hparams(path: Path) -> tuple[dict, int]:
     import array
     import mmap
 
-    from llamaspec.gguf.header import _ARRAY_CODES, GGUF_MAGIC, SCALAR_TYPES, T_ARRAY, T_STRING, U32, U64
-    from llamaspec.gguf.peek import _skip_value, _str   # the raw walkers of the header's fast path
+    from llamaspec.gguf.header import ARRAY_CODES, GGUF_MAGIC, SCALAR_TYPES, T_ARRAY, T_STRING, U32, U64
+    from llamaspec.gguf.peek import skip_value, read_str   # the raw walkers of the header's fast path
 
     u32, u64 = U32.unpack_from, U64.unpack_from
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
@@ -94,7 +94,7 @@ def _hparams(path: Path) -> tuple[dict, int]:
         kv: dict = {}
         n_vocab = 0
         for _ in range(u64(mm, 16)[0]):
-            key, pos = _str(mm, pos)
+            key, pos = read_str(mm, pos)
             vtype = u32(mm, pos)[0]
             pos += 4
             mine = key.startswith("general.") or (arch is not None and key.startswith(arch + "."))
@@ -105,13 +105,13 @@ def _hparams(path: Path) -> tuple[dict, int]:
             if mine and vtype in SCALAR_TYPES:
                 kv[key] = SCALAR_TYPES[vtype].unpack_from(mm, pos)[0]
             elif mine and vtype == T_STRING:
-                kv[key] = _str(mm, pos)[0]
+                kv[key] = read_str(mm, pos)[0]
                 arch = kv.get("general.architecture", arch)
-            elif mine and vtype == T_ARRAY and u32(mm, pos)[0] in _ARRAY_CODES and u64(mm, pos + 4)[0] <= 65536:
+            elif mine and vtype == T_ARRAY and u32(mm, pos)[0] in ARRAY_CODES and u64(mm, pos + 4)[0] <= 65536:
                 etype, count = u32(mm, pos)[0], u64(mm, pos + 4)[0]
                 size = SCALAR_TYPES[etype].size
-                kv[key] = array.array(_ARRAY_CODES[etype], mm[pos + 12:pos + 12 + count * size]).tolist()
-            pos = _skip_value(mm, vtype, pos, end)
+                kv[key] = array.array(ARRAY_CODES[etype], mm[pos + 12:pos + 12 + count * size]).tolist()
+            pos = skip_value(mm, vtype, pos, end)
             if pos > end:
                 raise ValueError("truncated")
     return {k[len(arch) + 1:]: v for k, v in kv.items() if arch and k.startswith(arch + ".")}, n_vocab

@@ -59,12 +59,7 @@ class Job:
 
 
 def prepare(gen: "Generator", req: "Request") -> tuple[list[int], Any, Any]:
-    """(tokens, config, tool plan or None) of a request: Generator._prepare without its length
-    check (the server answers a long prompt with llama-server's error). In a preparing thread."""
-    from llamaspec.constraints import constraints
-
-    with gen._owner.reading():   # close() does not free the model under the tokenizer
-        target = gen.pipeline.target
-        structured = constraints(req, target, gen.generation_options.grammar, target.chat_template)
-        tokens = gen._tokenize(target, req.prompt, req.chat, structured.plan)
-    return tokens, gen._config(req, structured), structured.plan if structured.calls else None
+    """(tokens, config, tool plan or None) of a request, without the length check (the server
+    answers a long prompt with llama-server's error). In a preparing thread."""
+    prepared = gen.prepare(req, fit=False)
+    return prepared.tokens, prepared.config, prepared.tools

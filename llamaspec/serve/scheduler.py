@@ -18,10 +18,10 @@ sequences generating (serve/prefill.py sizes them), so running streams keep flow
 
 Up to `parallel` slots (llama.cpp sequence ids) are decoded together, the verify rows of all of
 them in one llama_decode per step, each with its own drafter state: the engine's own pieces, as
-`SpecEngine.generate_many` drives them (`SequenceRun` start / `engine._step` / finish). Unlike
+`SpecEngine.generate_many` drives them (`SequenceRun` start / `engine.step` / finish). Unlike
 generate_many, a sequence can be started, stopped or dropped between any two steps, and a request
 goes to the free slot whose KV cache shares the longest token prefix with its prompt, so a
-returning conversation reuses what the slot already evaluated (`engine._cached`).
+returning conversation reuses what the slot already evaluated (`engine.cached`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
 from llamaspec.errors import LlamaspecError, UsageError
-from llamaspec.openai.fields import param_of
 from llamaspec.serve.job import Job, fault_point, prepare
 from llamaspec.serve.prefill import PrefillBudget
 from llamaspec.serve.profile import from_env as profile_from_env
@@ -254,7 +253,7 @@ class Scheduler:
             fault_point(job, "prepare")
             job.tokens, job.config, job.tools = prepare(self.gen, job.request)
         except UsageError as e:
-            return self._fail(job, 400, e.message, param_of(e))
+            return self._fail(job, 400, e.message, e.field)   # (the field it names: OpenAI's param)
         except LlamaspecError as e:   # a chat template that refuses these messages
             return self._fail(job, 400, e.message, job.field_prompt)
         except Exception as e:  # noqa: BLE001
@@ -285,7 +284,7 @@ class Scheduler:
             slot, seq = None, None
             try:
                 fault_point(job, "admit")
-                slot, shared = pick_slot(self.engine._cached, self.parallel, self._active, self._last_used,
+                slot, shared = pick_slot(self.engine.cached, self.parallel, self._active, self._last_used,
                                          job.tokens)
                 swap_in(self.prompt_cache, self.engine, slot, job.tokens, shared)
                 on_piece = self._text_sink(job) if job.stream else None
@@ -325,11 +324,11 @@ class Scheduler:
             if seq is not None:
                 seq.abandon()
             else:
-                self.engine._cached.pop(slot, None)
+                self.engine.cached.pop(slot, None)
                 self.engine.ctx.seq_rm(slot, 0, -1)
         except Exception:  # noqa: BLE001
             traceback.print_exc(file=sys.stderr)
-            self.engine._cached.pop(slot, None)
+            self.engine.cached.pop(slot, None)
 
     def _step(self) -> None:
         seqs = [seq for _, seq in self._active.values()]
@@ -363,7 +362,7 @@ class Scheduler:
                     plan.append((s, n))
                     room -= n
         t0 = time.perf_counter()
-        self.engine._step(generating, plan)
+        self.engine.step(generating, plan)
         if self.prefill is not None:
             self.prefill.observe(time.perf_counter() - t0, sum(n for _, n in plan), len(generating))
 
@@ -383,7 +382,7 @@ class Scheduler:
             self._last_used[slot] = self._uses
             try:
                 fault_point(job, "finish")
-                result = self.gen._result(job.id, seq.finish(), job.tools)
+                result = self.gen.result(job.id, seq.finish(), job.tools)
                 cache_n = result.stats.get("n_prompt_cached", 0)
                 self.metrics.finished(result, cache_n)
             except Exception as e:  # noqa: BLE001 - this request's end failed: it alone gets the error

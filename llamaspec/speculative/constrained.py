@@ -28,7 +28,7 @@ from llamaspec.errors import UsageError
 from llamaspec.speculative.drafters.base import Draft
 from llamaspec.speculative.logprobs import TokenLogprob, token_logprobs
 from llamaspec.speculative.sampling_params import SamplingParams
-from llamaspec.speculative.verify import _top_k_sorted, rejection_step, sample_dense, sample_token, target_candidates
+from llamaspec.speculative.verify import top_k_sorted, rejection_step, sample_dense, sample_token, target_candidates
 
 __all__ = ["Constraints", "pick", "masked_row", "constrained_distribution", "bias_vector"]
 
@@ -57,7 +57,7 @@ def masked_row(row: np.ndarray, params: SamplingParams, grammar) -> np.ndarray:
         for n in PROBES:
             if n >= row.shape[0] or k > n:
                 break
-            top = _top_k_sorted(row, n)
+            top = top_k_sorted(row, n)
             ok = np.asarray(grammar.allowed_ids(top), dtype=np.int64)   # in the order asked: best first
             if ok.shape[0] >= k and row[ok[k - 1]] > row[top[-1]]:
                 out = np.full(row.shape[0], -np.inf, dtype=np.float32)
@@ -113,9 +113,10 @@ def bias_vector(logit_bias, n_vocab: int) -> np.ndarray:
     for tok, b in logit_bias.items():
         if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or not 0 <= tok < n_vocab:
             raise UsageError(f"logit_bias: token id {tok!r} is not in the model's vocabulary (0..{n_vocab - 1})",
-                             "give token ids of this model")
+                             "give token ids of this model", field="logit_bias")
         if isinstance(b, bool) or not isinstance(b, (int, float)) or math.isnan(b) or b == math.inf:
-            raise UsageError(f"logit_bias: the bias of token {tok} must be a number (-inf or -100 bans it), not {b!r}")
+            raise UsageError(f"logit_bias: the bias of token {tok} must be a number (-inf or -100 bans it), not {b!r}",
+                             field="logit_bias")
         out[int(tok)] += b
     return out
 
@@ -164,8 +165,8 @@ class Constraints:
         rows = self.rows(rows)
         if self.grammar is None:
             if not d:
-                return 0, engine._sample_plain(rows[0], history, params, rng)
-            return engine._verify(d, draft, rows, history, params, rng)
+                return 0, engine.sample_plain(rows[0], history, params, rng)
+            return engine.verify(d, draft, rows, history, params, rng)
         eog, g, k = engine.eog, self.grammar, len(d)
         recent = list(history[-params.repeat_last_n:] if params.repeat_last_n > 0 else history) \
             if params.penalties_on else []

@@ -33,16 +33,16 @@ from llamaspec.speculative.controller import CostModel, DraftLengthController
 from llamaspec.speculative.costs import marginal_charges
 from llamaspec.speculative.match_controller import MatchController, RiskBudget
 from llamaspec.speculative.sequence import (  # noqa: F401  (GenerationConfig & co. are the engine's API too)
-    _NO_DRAFT,
+    NO_DRAFT,
     Generation,
     GenerationConfig,
     SequenceRun,
     StopReason,  # noqa: F401
     StopStrings,  # noqa: F401
     TextCallback,
-    _EogSet,
-    _recent,
-    _valid_prefix,
+    EogSet,
+    recent_tokens,
+    valid_prefix,
 )
 from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.speculative.prefix import common_prefix
@@ -75,13 +75,13 @@ class SpecEngine:
         self.target = target
         self.ctx = ctx
         self.drafter = drafter
-        self.eog = _EogSet(target)
+        self.eog = EogSet(target)
         self._eog_ids: np.ndarray | None = None
         # The adaptive controllers of the last sequence started, one per drafter (by name).
         self.last_controllers: dict[str, DraftLengthController] = {}
         # Tokens each sequence id holds in the target's KV cache: a new prompt reuses the common
         # prefix (a shared system prompt) instead of evaluating it again.
-        self._cached: dict[int, list[int]] = {}
+        self.cached: dict[int, list[int]] = {}
         # generate_many's RAM prompt cache (batch --cache-ram, as llama-server's): a sequence id's
         # KV saved before a different prompt cuts it, restored for a prompt sharing more of it
         self.prompt_cache: PromptCache | None = None
@@ -105,7 +105,7 @@ class SpecEngine:
                 if should_stop is not None and should_stop():
                     seq.stop("interrupted")
                     break
-                self._step([seq])
+                self.step([seq])
         except KeyboardInterrupt:
             seq.stop("interrupted")
         return seq.finish()
@@ -136,7 +136,7 @@ class SpecEngine:
                     key, prompt, config = job
                     seq_id = free.pop()
                     if self.prompt_cache is not None:   # a saved prompt sharing more of this one: restored
-                        here = common_prefix(self._cached.get(seq_id, []), prompt, limit=len(prompt) - 1)
+                        here = common_prefix(self.cached.get(seq_id, []), prompt, limit=len(prompt) - 1)
                         swap_in(self.prompt_cache, self, seq_id, list(prompt), here)
                     seq = SequenceRun(self, seq_id, prompt, config, None)
                     try:
@@ -162,13 +162,13 @@ class SpecEngine:
                     continue
                 if should_stop is not None and should_stop():
                     return
-                self._step([s for _, s in active])
+                self.step([s for _, s in active])
         finally:
             for _, s in active:
                 s.abandon()
 
     # -- one step of every active sequence -------------------------------------------------------
-    def _step(self, seqs: list["SequenceRun"], prefill: Sequence[tuple["SequenceRun", int]] = ()) -> None:
+    def step(self, seqs: list["SequenceRun"], prefill: Sequence[tuple["SequenceRun", int]] = ()) -> None:
         """Draft for each sequence, verify all of them in one target batch, keep what was accepted.
 
         prefill: (sequence, n) for sequences still being admitted (`SequenceRun.begin`): their next
@@ -211,7 +211,7 @@ class SpecEngine:
             s.settle(rows[first:first + n], charge)
 
     # -- helpers shared by the sequences -----------------------------------------------------------
-    def _controllers(self, config: GenerationConfig, reproducible: bool) -> dict[str, DraftLengthController]:
+    def controllers_for(self, config: GenerationConfig, reproducible: bool) -> dict[str, DraftLengthController]:
         """One adaptive controller per drafter (chain members each get their own), for this
         sequence: a paused draft model must not stop a free n-gram drafter from being tried.
 
@@ -246,7 +246,7 @@ class SpecEngine:
         """`plan` of every sequence, their drafts made together by `drafter` (a draft model's
         propose_many: one draft decode per position for all of them; a member of the engine's
         chain, credited as its winner). Each sequence's length is its controller's choice, as in
-        `_propose`; the drafting time is shared equally by those that drafted."""
+        `propose`; the drafting time is shared equally by those that drafted."""
         asks = []
         for s in seqs:
             k = s.draft_room(k_max)
@@ -258,7 +258,7 @@ class SpecEngine:
         share = (time.perf_counter() - t0) / max(1, len(wanted))
         segments = []
         for s, (k, n) in zip(seqs, asks):
-            draft = self._shaped(next(drafts).truncated(n), k, s.config.draft_min) if n > 0 else _NO_DRAFT
+            draft = self._shaped(next(drafts).truncated(n), k, s.config.draft_min) if n > 0 else NO_DRAFT
             if n > 0:
                 s.stats.record_call(drafter.name, share)
                 if drafter is not self.drafter:
@@ -274,17 +274,17 @@ class SpecEngine:
         # sampling: its length depends on its tokens, so dropping the short ones would keep drafts
         # by their tokens and bias the output. Such a draft is verified whatever its length.
         if 0 < len(draft) < draft_min and draft.probs is None:
-            return _NO_DRAFT
+            return NO_DRAFT
         if draft and max(draft.tokens) >= self.target.n_vocab:
-            draft = _valid_prefix(draft, self.target.n_vocab)  # a forced foreign-vocab draft
+            draft = valid_prefix(draft, self.target.n_vocab)  # a forced foreign-vocab draft
         return draft
 
-    def _propose(self, seq_id: int, history: list[int], k: int,
+    def propose(self, seq_id: int, history: list[int], k: int,
                  ctls: dict[str, DraftLengthController], draft_min: int, stats: SpecStats) -> Draft:
         """The drafter's proposal for this step, cut to k tokens (an empty Draft: a plain step).
         Each drafter asked (a chain asks its members in turn) is timed into `stats`."""
         if self.drafter is None or k <= 0:
-            return _NO_DRAFT
+            return NO_DRAFT
         asked: list[tuple[str, float]] = []  # (member, when asked): a member's time runs to the next
 
         def start(d: Drafter) -> None:  # one call per member asked, whether it finds a draft or not
@@ -315,13 +315,13 @@ class SpecEngine:
         return out
 
     @staticmethod
-    def _sample_plain(row: np.ndarray, history: Sequence[int], params: SamplingParams,
+    def sample_plain(row: np.ndarray, history: Sequence[int], params: SamplingParams,
                       rng: np.random.Generator) -> int:
         if params.greedy and not params.penalties_on:
             return int(row.argmax())
-        return sample_token(row, params, _recent(history, params), rng)
+        return sample_token(row, params, recent_tokens(history, params), rng)
 
-    def _verify(self, d: list[int], draft: Draft, rows: np.ndarray, history: Sequence[int],
+    def verify(self, d: list[int], draft: Draft, rows: np.ndarray, history: Sequence[int],
                 params: SamplingParams, rng: np.random.Generator) -> tuple[int, int]:
         eog = self.eog
         if params.greedy and not params.penalties_on:
@@ -329,7 +329,7 @@ class SpecEngine:
                 return 0, int(rows[0].argmax())
             return verify_greedy(d, rows, eog)
         if not params.greedy and draft.probs is not None and d:
-            recent = list(_recent(history, params))
+            recent = list(recent_tokens(history, params))
             p_rows = [target_distribution(rows[i], params, recent + d[:i]) for i in range(len(d) + 1)]
             return verify_rejection(d, draft.probs, p_rows, rng, eog)
         return verify_sample_and_match(d, rows, step_sampler(params, history, d, rng), eog)

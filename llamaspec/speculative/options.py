@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from llamaspec.errors import UsageError
+from llamaspec.knobs import MAX_DRAFT   # (the longest draft one verify batch holds: the knob table's)
 
 __all__ = [
     "SpecType", "SPEC_TYPES", "PRIORITY", "ALIASES", "DRAFT_MODEL_TYPE", "NgramParams", "SpecOptions",
@@ -27,9 +28,6 @@ __all__ = [
 
 DEFAULT_CTX = 4096
 
-# A verify batch is the last token + the draft, and must fit one llama.cpp batch (n_batch, 512:
-# runtime's ContextConfig): only the last chunk of a longer batch has output rows.
-MAX_DRAFT = 512 - 1
 
 # Draft length caps when the user gives none: n-gram drafts cost nothing to make, so long ones
 # pay when the text repeats (measured on SmolLM2: k=32 won on an easy rewrite, 3.2x against 2.7x

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from llamaspec.errors import UsageError
+from llamaspec.knobs import check_draft_min
 from llamaspec.runtime.llama import Model
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.devices import plan_offload
@@ -52,12 +53,10 @@ def load_pipeline(target_path: Path, options: SpecOptions, sampling: SamplingPar
     """Load the target (unless given) and build the drafter for `options.spec_types`."""
     # -ngl/-ngld left at None (auto): offload what fits, as llama.cpp's fit does (runtime/offload.py).
     types = options.spec_types
-    if types and options.draft_min:   # (the flags were checked against each other when both given)
+    if types and options.draft_min:   # against the length the types resolved to
         k = options.draft_max if options.draft_max is not None else default_draft_max(types)
-        if options.draft_min > k:
-            raise UsageError(f"--draft-min {options.draft_min} exceeds the draft length {k}"
-                             + ("" if options.draft_max is not None else f" ({','.join(types)}'s default)"),
-                             "lower --draft-min, or raise --draft-max")
+        check_draft_min(options.draft_min, k, flags=True,
+                        resolved="" if options.draft_max is not None else f" ({','.join(types)}'s default)")
     draft = options.draft_path if needs_draft_model(types) or loads_mtp_layers(types) else None
     offload = plan_offload(target_path, draft, n_gpu_layers=options.n_gpu_layers,
                            n_gpu_layers_draft=options.n_gpu_layers_draft, n_ctx=options.n_ctx,

@@ -72,7 +72,7 @@ def swap_in(cache: PromptCache | None, engine, slot: int, tokens: list[int], her
     ctx = engine.ctx
     if cache is None:
         return
-    cached = engine._cached.get(slot, [])
+    cached = engine.cached.get(slot, [])
     if len(cached) - here >= MIN_TOKENS:
         cache.put(cached, ctx.save_seq(slot))
     # (the last prompt token is always evaluated, for its logits)
@@ -83,6 +83,6 @@ def swap_in(cache: PromptCache | None, engine, slot: int, tokens: list[int], her
         ctx.load_seq(cache.get(key), slot)
     except LlamaspecError:   # no room for it in the KV cache now: evaluate as usual
         ctx.seq_rm(slot, 0, -1)
-        engine._cached[slot] = []
+        engine.cached[slot] = []
         return
-    engine._cached[slot] = list(key)
+    engine.cached[slot] = list(key)

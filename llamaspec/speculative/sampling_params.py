@@ -1,13 +1,16 @@
 """Target sampling settings (`SamplingParams`, llama.cpp's defaults) and the seed rules, validated
-once for every way in: CLI flags, the Generator, batch lines and server requests.
+once for every way in: CLI flags, the Generator, batch lines and server requests. Their defaults
+and ranges are the knob table's (llamaspec/knobs.py).
 """
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
+
+from llamaspec import knobs
+from llamaspec.knobs import DEFAULT
 
 
 @dataclass(frozen=True)
@@ -19,37 +22,23 @@ class SamplingParams:
     (-1: all; 0: off) and are off while repeat_penalty == 1 and the other two are 0.
     """
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    temperature: float = DEFAULT.temperature
+    top_k: int = DEFAULT.top_k
+    top_p: float = DEFAULT.top_p
+    min_p: float = DEFAULT.min_p
+    repeat_penalty: float = DEFAULT.repeat_penalty
+    repeat_last_n: int = DEFAULT.repeat_last_n
+    frequency_penalty: float = DEFAULT.frequency_penalty
+    presence_penalty: float = DEFAULT.presence_penalty
     min_keep: int = 0
-    seed: int | None = None
+    seed: int | None = DEFAULT.seed
 
     def __post_init__(self) -> None:
-        """Validated once, here, for every way in (CLI flags, Generator, batch lines, requests)."""
-        from llamaspec.errors import SAMPLING_NUMBER, UsageError, sampling_number_ok
-
-        for name, ok, rule in (("temperature", lambda v: v >= 0, ">= 0 (0 = greedy)"),
-                               ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
-                               ("min_p", lambda v: 0 <= v <= 1, "in [0, 1]"),
-                               ("repeat_penalty", lambda v: v > 0, "> 0 (1 = off)"),
-                               ("repeat_last_n", lambda v: v >= -1, ">= -1 (-1: every token, 0: off)"),
-                               # OpenAI's range; llama.cpp takes any value, but outside it a token's
-                               # logit moves by more than any sane request means
-                               ("frequency_penalty", lambda v: -2 <= v <= 2, "in [-2, 2] (0 = off)"),
-                               ("presence_penalty", lambda v: -2 <= v <= 2, "in [-2, 2] (0 = off)")):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-                raise UsageError(f"{name} must be a number {rule}, not {value!r}")
-            if not sampling_number_ok(value):   # inf, NaN, 1e-310, 1e300: logits would turn inf or NaN
-                raise UsageError(f"{name} must be {SAMPLING_NUMBER}, not {value!r}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool):
-            raise UsageError(f"top_k must be an integer (<= 0: off), not {self.top_k!r}")
+        """Validated once, here, for every way in (CLI flags, Generator, batch lines, requests), by
+        the knob table's one check (its UsageError names the field)."""
+        for name in knobs.SAMPLING:
+            if name != "seed":
+                knobs.check(name, getattr(self, name))
         object.__setattr__(self, "seed", check_seed(self.seed))
 
     @property
@@ -80,17 +69,9 @@ def check_seed(seed: object) -> int | None:
         >>> check_seed(1 << 63)
         Traceback (most recent call last):
         ...
-        llamaspec.errors.UsageError: seed must be a 64-bit integer (between -2^63 and 2^63-1; -1: random), not 9223372036854775808
+        llamaspec.errors.UsageError: seed must be a 64-bit integer (between -2^63 and 2^63-1), got 9223372036854775808
     """
-    from llamaspec.errors import INT64_MAX, INT64_MIN, UsageError
-
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not hasattr(seed, "__index__"):   # int, numpy integers
-        raise UsageError(f"seed must be an integer (-1: random), not {seed!r}")
-    seed = operator.index(seed)
-    if not INT64_MIN <= seed <= INT64_MAX:
-        raise UsageError(f"seed must be a 64-bit integer (between -2^63 and 2^63-1; -1: random), not {seed}")
+    seed = knobs.check("seed", seed)
     return None if seed in RANDOM_SEEDS else seed
 
 

@@ -20,7 +20,7 @@ from llamaspec.speculative.match_controller import count_steps
 from llamaspec.speculative.drafters.base import Draft
 from llamaspec.speculative.logprobs import TokenLogprob
 from llamaspec.speculative.metrics import SpecStats
-from llamaspec.speculative.output import EogSet as _EogSet  # noqa: F401  (the engine's)
+from llamaspec.speculative.output import EogSet  # noqa: F401  (the engine's)
 from llamaspec.speculative.output import Output as _Output
 from llamaspec.speculative.output import PieceCallback, StopReason, StopStrings, TextCallback  # noqa: F401
 from llamaspec.speculative.sampling_params import SamplingParams, seed_entropy
@@ -67,7 +67,7 @@ class SequenceRun:
         self.n_prompt = len(prompt_tokens)
         prompt = list(prompt_tokens) or ([target.bos] if target.bos >= 0 else [])
         self.history = prompt
-        self.ctls = engine._controllers(config, reproducible=self.params.seed is not None
+        self.ctls = engine.controllers_for(config, reproducible=self.params.seed is not None
                                         and not self.params.greedy)
         engine.last_controllers = self.ctls
         if on_piece is None and on_text is not None:
@@ -75,7 +75,7 @@ class SequenceRun:
         self.out = _Output(target, config.max_tokens, config.stop, on_piece)
         self.done = False
         self.n_past = 0
-        self._draft = _NO_DRAFT
+        self._draft = NO_DRAFT
         self._state = None
         self.rules: Constraints | None = None   # logit_bias / grammar / logprobs: made at begin()
         self._draft_s = self._verify_s = 0.0
@@ -106,7 +106,7 @@ class SequenceRun:
         # prompt's batch to be the prompt; nor where a draft's rows cannot be cut from the memory)
         if (eng.drafter is None or self.rules is None or self.rules.grammar is None
                 or eng.target.needs_checkpoints or eng.ctx.has_decode_listeners or not self.history):
-            return _NO_DRAFT
+            return NO_DRAFT
         # Only the last n_batch chunk of a decode has output rows: the draft and the prompt's last
         # token must share the chunk the prompt ends in, so the draft gets that chunk's free room
         # (none when the prompt fills it) and the prompt is chunked as plain decoding chunks it.
@@ -114,7 +114,7 @@ class SequenceRun:
         room = n_batch - ((rest - 1) % n_batch + 1)
         k = min(c.draft_max, c.max_tokens - 1, eng.ctx.n_ctx_seq - len(self.history), room)
         if k <= 0:
-            return _NO_DRAFT
+            return NO_DRAFT
         return self.rules.cut_draft(eng.drafter.opening(self.seq_id, self.history, k).truncated(k))
 
     def _open_with(self, draft: Draft) -> None:
@@ -148,7 +148,7 @@ class SequenceRun:
             self.rules = Constraints(eng.target, c, self.stats)
             if self.rules.grammar is not None:   # the live state, for the drafters (bind_grammars)
                 eng.grammars[self.seq_id] = self.rules.grammar
-        cached = eng._cached.pop(self.seq_id, [])
+        cached = eng.cached.pop(self.seq_id, [])
         keep = common_prefix(cached, prompt, limit=len(prompt) - 1)  # the last one is evaluated for its logits
         if eng.drafter is not None:  # a drafter fed by the target's hidden states may need some again
             keep = max(0, min(keep, eng.drafter.reuse_prefix(self.seq_id, prompt, keep)))
@@ -175,7 +175,7 @@ class SequenceRun:
             return
         eng, ctx, prompt = self.engine, self.engine.ctx, self.history
         if self.rules is None:
-            first = eng._sample_plain(self._allowed(row), prompt, self.params, self.verify_rng)
+            first = eng.sample_plain(self._allowed(row), prompt, self.params, self.verify_rng)
         else:
             first = self.rules.first(eng, self._allowed(row), prompt, self.params, self.verify_rng)
         self._generation_begins()
@@ -208,7 +208,7 @@ class SequenceRun:
         """This step's draft; returns the batch segment ([last] + draft, start position, seq id)."""
         k = self.draft_room(k_max)
         ta = time.perf_counter()
-        draft = self.engine._propose(self.seq_id, self.history, k, self.ctls, self.config.draft_min, self.stats)
+        draft = self.engine.propose(self.seq_id, self.history, k, self.ctls, self.config.draft_min, self.stats)
         return self.planned(draft, time.perf_counter() - ta)
 
     def draft_room(self, k_max: int) -> int:
@@ -235,7 +235,7 @@ class SequenceRun:
         d, last = draft.tokens, self.history[-1]
         t0 = time.perf_counter()
         if self.rules is None:
-            n_acc, nxt = eng._verify(d, draft, self._allowed(rows), self.history, self.params, self.verify_rng)
+            n_acc, nxt = eng.verify(d, draft, self._allowed(rows), self.history, self.params, self.verify_rng)
         else:
             n_acc, nxt = self.rules.verify(eng, d, draft, self._allowed(rows), self.history, self.params,
                                            self.verify_rng)
@@ -289,7 +289,7 @@ class SequenceRun:
         self._drop_rules()
         # What the target's KV holds now (history[-1] was never evaluated): the next prompt on
         # this sequence id may reuse its prefix.
-        eng._cached[self.seq_id] = self.history[:self.n_past]
+        eng.cached[self.seq_id] = self.history[:self.n_past]
         self.out.finish()
         self.out.deliver(logprobs)
         s = self.stats
@@ -306,7 +306,7 @@ class SequenceRun:
             self.engine.drafter.end(self.seq_id)
             self._began = False
         self._drop_rules()
-        self.engine._cached.pop(self.seq_id, None)
+        self.engine.cached.pop(self.seq_id, None)
         self.engine.ctx.seq_rm(self.seq_id, 0, -1)
 
     def _drop_rules(self) -> None:
@@ -355,16 +355,16 @@ def _observe(ctls: dict[str, DraftLengthController], draft: Draft, n_acc: int, *
             ctl.observe_cost(n + 1, verify_seconds)
 
 
-_NO_DRAFT = Draft([])
+NO_DRAFT = Draft([])
 
 
-def _valid_prefix(draft: Draft, n_vocab: int) -> Draft:
+def valid_prefix(draft: Draft, n_vocab: int) -> Draft:
     """The draft up to its first token id the target does not have (such a token is rejected anyway)."""
     n = next(i for i, t in enumerate(draft.tokens) if t >= n_vocab)
     return draft.truncated(n)
 
 
-def _recent(history: Sequence[int], params: SamplingParams) -> Sequence[int]:
+def recent_tokens(history: Sequence[int], params: SamplingParams) -> Sequence[int]:
     if not params.penalties_on:
         return ()
     n = params.repeat_last_n

@@ -64,7 +64,7 @@ def _apply_penalties(logits: np.ndarray, params: SamplingParams,
     return out
 
 
-def _top_k_sorted(logits: np.ndarray, k: int) -> np.ndarray:
+def top_k_sorted(logits: np.ndarray, k: int) -> np.ndarray:
     """Ids of the k largest logits, largest first (exact; prefilters by a threshold for speed)."""
     v = logits.shape[0]
     if k <= 0 or k >= v:
@@ -130,15 +130,15 @@ def target_candidates(logits_row: np.ndarray, params: SamplingParams,
         return np.array([int(np.argmax(logits))], dtype=np.int64), np.ones(1)
     ids = None  # None: every id, in id order; else ids sorted by decreasing logit
     if 0 < params.top_k < v:
-        ids = _top_k_sorted(logits, params.top_k)
+        ids = top_k_sorted(logits, params.top_k)
     if params.top_p < 1.0:
         if ids is None:
             # llama.cpp's adaptive sort: try the 256 best first, sort everything only if needed
             p_all = _softmax(logits.astype(np.float64))
-            ids = _top_k_sorted(logits, min(256, v))
+            ids = top_k_sorted(logits, min(256, v))
             cum = np.cumsum(p_all[ids])
             if cum[-1] < params.top_p or ids.shape[0] < params.min_keep:
-                ids = _top_k_sorted(logits, 0)
+                ids = top_k_sorted(logits, 0)
                 cum = np.cumsum(p_all[ids])
         else:
             cum = np.cumsum(_softmax(logits[ids].astype(np.float64)))

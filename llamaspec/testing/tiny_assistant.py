@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from llamaspec.testing.tiny_models import (
-    Vocab, _atomic_write, _finish, _normal, _shared_weights, bpe_vocab, cached_set, generator_fingerprint,
+    Vocab, atomic_write, finish_model, normal_weights, shared_weights, bpe_vocab, cached_set, generator_fingerprint,
 )
 
 __all__ = ["write_gemma4_target", "write_gemma4_assistant", "make_assistant_set", "ASSISTANT_SET"]
@@ -76,7 +76,7 @@ def write_gemma4_target(path: Path, *, vocab: Vocab | None = None, seed: int = 7
         w = gguf.GGUFWriter(str(tmp), "gemma4")
         _common(w, "gemma4", n_embd=N_EMBD, n_layer=n_layer, swa=swa, vocab=vocab, name=name)
         w.add_uint32("gemma4.embedding_length_per_layer_input", 0)
-        embd, out_norm, head = _shared_weights(seed, vocab, N_EMBD, 4.0, True)
+        embd, out_norm, head = shared_weights(seed, vocab, N_EMBD, 4.0, True)
         if aligned:  # the token identity lives in the first N_EMBD_ASST dimensions only
             embd[:, N_EMBD_ASST:] = 0.0
             head[:, N_EMBD_ASST:] = 0.0
@@ -87,19 +87,19 @@ def write_gemma4_target(path: Path, *, vocab: Vocab | None = None, seed: int = 7
         s_in, s_ff = 1.0 / np.sqrt(N_EMBD), 1.0 / np.sqrt(N_FF)
         for il in range(n_layer):
             r = (seed, 100 + il)
-            t = {"attn_norm": _ones(N_EMBD), "attn_q": _normal(r + (0,), (N_HEAD * HEAD_DIM, N_EMBD), s_in),
-                 "attn_k": _normal(r + (1,), (N_HEAD_KV * HEAD_DIM, N_EMBD), s_in),
-                 "attn_v": _normal(r + (2,), (N_HEAD_KV * HEAD_DIM, N_EMBD), s_in),
-                 "attn_output": _normal(r + (3,), (N_EMBD, N_HEAD * HEAD_DIM), s_in),
+            t = {"attn_norm": _ones(N_EMBD), "attn_q": normal_weights(r + (0,), (N_HEAD * HEAD_DIM, N_EMBD), s_in),
+                 "attn_k": normal_weights(r + (1,), (N_HEAD_KV * HEAD_DIM, N_EMBD), s_in),
+                 "attn_v": normal_weights(r + (2,), (N_HEAD_KV * HEAD_DIM, N_EMBD), s_in),
+                 "attn_output": normal_weights(r + (3,), (N_EMBD, N_HEAD * HEAD_DIM), s_in),
                  "attn_q_norm": _ones(HEAD_DIM), "attn_k_norm": _ones(HEAD_DIM),
                  "post_attention_norm": _ones(N_EMBD, nudge), "ffn_norm": _ones(N_EMBD),
-                 "ffn_gate": _normal(r + (4,), (N_FF, N_EMBD), s_in), "ffn_up": _normal(r + (5,), (N_FF, N_EMBD), s_in),
-                 "ffn_down": _normal(r + (6,), (N_EMBD, N_FF), s_ff), "post_ffw_norm": _ones(N_EMBD, nudge)}
+                 "ffn_gate": normal_weights(r + (4,), (N_FF, N_EMBD), s_in), "ffn_up": normal_weights(r + (5,), (N_FF, N_EMBD), s_in),
+                 "ffn_down": normal_weights(r + (6,), (N_EMBD, N_FF), s_ff), "post_ffw_norm": _ones(N_EMBD, nudge)}
             for k, v in t.items():
                 w.add_tensor(f"blk.{il}.{k}.weight", v)
-        _finish(w)
+        finish_model(w)
 
-    return _atomic_write(path, fill)
+    return atomic_write(path, fill)
 
 
 def write_gemma4_assistant(path: Path, *, vocab: Vocab | None = None, target_seed: int = 77, seed: int = 78,
@@ -118,35 +118,35 @@ def write_gemma4_assistant(path: Path, *, vocab: Vocab | None = None, target_see
         _common(w, "gemma4-assistant", n_embd=N_EMBD_ASST, n_layer=n_layer, swa=swa, vocab=vocab, name=name)
         w.add_uint32("gemma4-assistant.embedding_length_out", n_embd_out)
         w.add_uint32("gemma4-assistant.nextn_predict_layers", n_layer)
-        _, _, head = _shared_weights(target_seed, vocab, N_EMBD, 4.0, True)
+        _, _, head = shared_weights(target_seed, vocab, N_EMBD, 4.0, True)
         if aligned:
             tok = head[:, :N_EMBD_ASST].copy()            # the target's head over the shared dimensions
             pre = np.zeros((N_EMBD_ASST, 2 * n_embd_out), np.float32)
             pre[:, :N_EMBD_ASST] = np.eye(N_EMBD_ASST, dtype=np.float32)   # [I | 0 ; 0]: the token's embedding
         else:
-            tok = _normal((seed, 0), (vocab.size, N_EMBD_ASST), 1.0)
-            pre = _normal((seed, 1), (N_EMBD_ASST, 2 * n_embd_out), 1.0 / np.sqrt(2 * n_embd_out))
+            tok = normal_weights((seed, 0), (vocab.size, N_EMBD_ASST), 1.0)
+            pre = normal_weights((seed, 1), (N_EMBD_ASST, 2 * n_embd_out), 1.0 / np.sqrt(2 * n_embd_out))
         w.add_tensor("token_embd.weight", tok)
         w.add_tensor("output_norm.weight", _ones(N_EMBD_ASST))
         w.add_tensor("nextn.pre_projection.weight", pre)
         w.add_tensor("nextn.post_projection.weight",
-                     _normal((seed, 2), (n_embd_out, N_EMBD_ASST), 1.0 / np.sqrt(N_EMBD_ASST)))
+                     normal_weights((seed, 2), (n_embd_out, N_EMBD_ASST), 1.0 / np.sqrt(N_EMBD_ASST)))
         w.add_tensor("rope_freqs.weight", _ones(HEAD_DIM // 2))
         s_in, s_ff = 1.0 / np.sqrt(N_EMBD_ASST), 1.0 / np.sqrt(N_FF)
         for il in range(n_layer):
             r = (seed, 100 + il)
-            t = {"attn_norm": _ones(N_EMBD_ASST), "attn_q": _normal(r + (0,), (N_HEAD * HEAD_DIM, N_EMBD_ASST), s_in),
-                 "attn_output": _normal(r + (3,), (N_EMBD_ASST, N_HEAD * HEAD_DIM), 1.0 / np.sqrt(N_HEAD * HEAD_DIM)),
+            t = {"attn_norm": _ones(N_EMBD_ASST), "attn_q": normal_weights(r + (0,), (N_HEAD * HEAD_DIM, N_EMBD_ASST), s_in),
+                 "attn_output": normal_weights(r + (3,), (N_EMBD_ASST, N_HEAD * HEAD_DIM), 1.0 / np.sqrt(N_HEAD * HEAD_DIM)),
                  "attn_q_norm": _ones(HEAD_DIM), "post_attention_norm": _ones(N_EMBD_ASST, nudge),
                  "layer_output_scale": _ones(1), "ffn_norm": _ones(N_EMBD_ASST),
-                 "ffn_gate": _normal(r + (4,), (N_FF, N_EMBD_ASST), s_in),
-                 "ffn_up": _normal(r + (5,), (N_FF, N_EMBD_ASST), s_in),
-                 "ffn_down": _normal(r + (6,), (N_EMBD_ASST, N_FF), s_ff), "post_ffw_norm": _ones(N_EMBD_ASST, nudge)}
+                 "ffn_gate": normal_weights(r + (4,), (N_FF, N_EMBD_ASST), s_in),
+                 "ffn_up": normal_weights(r + (5,), (N_FF, N_EMBD_ASST), s_in),
+                 "ffn_down": normal_weights(r + (6,), (N_EMBD_ASST, N_FF), s_ff), "post_ffw_norm": _ones(N_EMBD_ASST, nudge)}
             for k, v in t.items():
                 w.add_tensor(f"blk.{il}.{k}.weight", v)
-        _finish(w)
+        finish_model(w)
 
-    return _atomic_write(path, fill)
+    return atomic_write(path, fill)
 
 
 #: the set's files: the target, its aligned and random assistants, and an assistant for a

@@ -328,7 +328,7 @@ VARIANT_COMPATIBLE = {
 # ---- weights and GGUF files --------------------------------------------------------------------
 
 
-def _normal(seed: Sequence[int], shape: tuple[int, ...], std: float) -> np.ndarray:
+def normal_weights(seed: Sequence[int], shape: tuple[int, ...], std: float) -> np.ndarray:
     return (np.random.default_rng(list(seed)).standard_normal(shape) * std).astype(np.float32)
 
 
@@ -337,10 +337,10 @@ def _cast(a: np.ndarray, dtype: str) -> np.ndarray:
     return a.astype(np.float16) if dtype == "f16" and a.ndim == 2 else a
 
 
-def _shared_weights(seed: int, vocab: Vocab, n_embd: int, head_scale: float, suppress_control: bool):
+def shared_weights(seed: int, vocab: Vocab, n_embd: int, head_scale: float, suppress_control: bool):
     """Embeddings, output norm and head: a function of (seed, vocab) only."""
-    embd = _normal((seed, 0), (vocab.size, n_embd), 1.0)
-    head = _normal((seed, 1), (vocab.size, n_embd), head_scale / np.sqrt(n_embd))
+    embd = normal_weights((seed, 0), (vocab.size, n_embd), 1.0)
+    head = normal_weights((seed, 1), (vocab.size, n_embd), head_scale / np.sqrt(n_embd))
     # The residual stream is dominated by the current token's embedding: pushing each head row
     # away from its own embedding keeps greedy decoding from repeating one token forever.
     head -= embd / np.linalg.norm(embd, axis=1, keepdims=True)
@@ -357,18 +357,18 @@ def _block(seed: int, il: int, n_embd: int, n_head: int, n_head_kv: int, n_ff: i
     s_in, s_ff = 1.0 / np.sqrt(n_embd), 1.0 / np.sqrt(n_ff)
     return {
         "attn_norm": np.ones(n_embd, np.float32),
-        "attn_q": _normal((seed, 100 + il, 0), (n_head * hd, n_embd), s_in),
-        "attn_k": _normal((seed, 100 + il, 1), (n_head_kv * hd, n_embd), s_in),
-        "attn_v": _normal((seed, 100 + il, 2), (n_head_kv * hd, n_embd), s_in),
-        "attn_output": _normal((seed, 100 + il, 3), (n_embd, n_head * hd), s_in) * np.float32(scale),
+        "attn_q": normal_weights((seed, 100 + il, 0), (n_head * hd, n_embd), s_in),
+        "attn_k": normal_weights((seed, 100 + il, 1), (n_head_kv * hd, n_embd), s_in),
+        "attn_v": normal_weights((seed, 100 + il, 2), (n_head_kv * hd, n_embd), s_in),
+        "attn_output": normal_weights((seed, 100 + il, 3), (n_embd, n_head * hd), s_in) * np.float32(scale),
         "ffn_norm": np.ones(n_embd, np.float32),
-        "ffn_gate": _normal((seed, 100 + il, 4), (n_ff, n_embd), s_in),
-        "ffn_up": _normal((seed, 100 + il, 5), (n_ff, n_embd), s_in),
-        "ffn_down": _normal((seed, 100 + il, 6), (n_embd, n_ff), s_ff) * np.float32(scale),
+        "ffn_gate": normal_weights((seed, 100 + il, 4), (n_ff, n_embd), s_in),
+        "ffn_up": normal_weights((seed, 100 + il, 5), (n_ff, n_embd), s_in),
+        "ffn_down": normal_weights((seed, 100 + il, 6), (n_embd, n_ff), s_ff) * np.float32(scale),
     }
 
 
-def _atomic_write(path: Path, fill) -> Path:
+def atomic_write(path: Path, fill) -> Path:
     """Write via a temp file + rename: concurrent test processes never see half a file."""
     import gguf  # noqa: F401 - fail early with a clear ImportError
 
@@ -384,7 +384,7 @@ def _atomic_write(path: Path, fill) -> Path:
     return path
 
 
-def _finish(w) -> None:
+def finish_model(w) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -394,7 +394,7 @@ def _finish(w) -> None:
 def llama_writer(tmp: Path, name: str, vocab: Vocab, *, context_length: int, n_embd: int, n_layer: int,
                  n_ff: int, n_head: int, n_head_kv: int, file_type):
     """A GGUFWriter for a llama model with its hyperparameters and vocabulary written; the caller
-    adds the tensors (and any other keys) and calls _finish."""
+    adds the tensors (and any other keys) and calls finish_model."""
     import gguf
 
     w = gguf.GGUFWriter(str(tmp), "llama")
@@ -446,16 +446,16 @@ def write_llama_model(
         w = llama_writer(tmp, name, vocab, context_length=context_length, n_embd=n_embd, n_layer=n_layer,
                          n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
                          file_type=gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
-        embd, out_norm, head = _shared_weights(seed, vocab, n_embd, head_scale, suppress_control)
+        embd, out_norm, head = shared_weights(seed, vocab, n_embd, head_scale, suppress_control)
         w.add_tensor("token_embd.weight", _cast(embd, dtype))
         w.add_tensor("output_norm.weight", out_norm)
         w.add_tensor("output.weight", _cast(head, dtype))
         for il in range(n_layer):
             for k, t in _block(seed, il, n_embd, n_head, n_head_kv, n_ff, scales[il]).items():
                 w.add_tensor(f"blk.{il}.{k}.weight", _cast(t, dtype))
-        _finish(w)
+        finish_model(w)
 
-    return _atomic_write(path, fill)
+    return atomic_write(path, fill)
 
 
 def write_mtp_model(
@@ -506,7 +506,7 @@ def write_mtp_model(
         w.add_vocab_size(vocab.size)
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         vocab.write_to(w)
-        embd, out_norm, head = _shared_weights(seed, vocab, n_embd, head_scale, True)
+        embd, out_norm, head = shared_weights(seed, vocab, n_embd, head_scale, True)
         w.add_tensor("token_embd.weight", embd)
         w.add_tensor("output_norm.weight", out_norm)
         w.add_tensor("output.weight", head)
@@ -520,13 +520,13 @@ def write_mtp_model(
             eh = np.zeros((n_embd, 2 * n_embd), np.float32)
             eh[:, :n_embd] = np.eye(n_embd, dtype=np.float32)  # concat is [enorm(embd) ; hnorm(h)]
             if h_mix:
-                eh[:, n_embd:] = _normal((seed, 900 + il), (n_embd, n_embd), h_mix / np.sqrt(n_embd))
+                eh[:, n_embd:] = normal_weights((seed, 900 + il), (n_embd, n_embd), h_mix / np.sqrt(n_embd))
             w.add_tensor(f"blk.{il}.nextn.eh_proj.weight", eh)
             w.add_tensor(f"blk.{il}.nextn.enorm.weight", np.ones(n_embd, np.float32))
             w.add_tensor(f"blk.{il}.nextn.hnorm.weight", np.ones(n_embd, np.float32))
-        _finish(w)
+        finish_model(w)
 
-    return _atomic_write(path, fill)
+    return atomic_write(path, fill)
 
 
 # ---- the standard set --------------------------------------------------------------------------

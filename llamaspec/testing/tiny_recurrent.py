@@ -16,7 +16,7 @@ ssm_dt.weight (d_inner, dt_rank) + .bias (d_inner), ssm_a (d_inner, d_state; A =
 output_norm, output.
 
 The vocabulary, embeddings, output norm and head are the ones the attention tiny models use
-(`tiny_models.bpe_vocab`, `_shared_weights`), so tokenize/detokenize work on real text. As in the
+(`tiny_models.bpe_vocab`, `shared_weights`), so tokenize/detokenize work on real text. As in the
 attention set, models with the same seed share every block weight and differ only by depth and
 `layer_scales`: a 1-layer draft agrees with a 2-layer target most of the time but not always, so
 speculation sees full, partial and zero acceptances.
@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from llamaspec.testing.tiny_models import (
-    Vocab, _atomic_write, _finish, _normal, _shared_weights, bpe_vocab, cached_set, generator_fingerprint,
+    Vocab, atomic_write, finish_model, normal_weights, shared_weights, bpe_vocab, cached_set, generator_fingerprint,
 )
 
 GENERATOR_VERSION = 1
@@ -47,15 +47,15 @@ def _mamba_block(seed: int, il: int, n_embd: int, d_inner: int, d_state: int, d_
     a_log = np.log(np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1)))
     return {
         "attn_norm.weight": np.ones(n_embd, np.float32),
-        "ssm_in.weight": _normal(s + (0,), (2 * d_inner, n_embd), 1.0 / np.sqrt(n_embd)),
-        "ssm_conv1d.weight": _normal(s + (1,), (d_inner, d_conv), 1.0 / np.sqrt(d_conv)),
+        "ssm_in.weight": normal_weights(s + (0,), (2 * d_inner, n_embd), 1.0 / np.sqrt(n_embd)),
+        "ssm_conv1d.weight": normal_weights(s + (1,), (d_inner, d_conv), 1.0 / np.sqrt(d_conv)),
         "ssm_conv1d.bias": np.zeros(d_inner, np.float32),
-        "ssm_x.weight": _normal(s + (2,), (dt_rank + 2 * d_state, d_inner), 1.0 / np.sqrt(d_inner)),
-        "ssm_dt.weight": _normal(s + (3,), (d_inner, dt_rank), 1.0 / np.sqrt(dt_rank)),
+        "ssm_x.weight": normal_weights(s + (2,), (dt_rank + 2 * d_state, d_inner), 1.0 / np.sqrt(d_inner)),
+        "ssm_dt.weight": normal_weights(s + (3,), (d_inner, dt_rank), 1.0 / np.sqrt(dt_rank)),
         "ssm_dt.bias": dt_bias,
         "ssm_a": (-np.exp(a_log)).astype(np.float32),
         "ssm_d": np.ones(d_inner, np.float32),
-        "ssm_out.weight": _normal(s + (4,), (n_embd, d_inner), 1.0 / np.sqrt(d_inner)) * np.float32(scale),
+        "ssm_out.weight": normal_weights(s + (4,), (n_embd, d_inner), 1.0 / np.sqrt(d_inner)) * np.float32(scale),
     }
 
 
@@ -101,16 +101,16 @@ def write_mamba_model(
         w.add_vocab_size(vocab.size)
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         vocab.write_to(w)
-        embd, out_norm, head = _shared_weights(seed, vocab, n_embd, head_scale, True)
+        embd, out_norm, head = shared_weights(seed, vocab, n_embd, head_scale, True)
         w.add_tensor("token_embd.weight", embd)
         w.add_tensor("output_norm.weight", out_norm)
         w.add_tensor("output.weight", head)
         for il in range(n_layer):
             for k, t in _mamba_block(seed, il, n_embd, d_inner, d_state, d_conv, dt_rank, scales[il]).items():
                 w.add_tensor(f"blk.{il}.{k}", np.ascontiguousarray(t, dtype=np.float32))
-        _finish(w)
+        finish_model(w)
 
-    return _atomic_write(path, fill)
+    return atomic_write(path, fill)
 
 
 # ---- the recurrent set -------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from llamaspec.testing.tiny_models import (
-    BASE_SEED, Vocab, _atomic_write, _finish, _normal, _shared_weights, bpe_vocab, cached_set,
+    BASE_SEED, Vocab, atomic_write, finish_model, normal_weights, shared_weights, bpe_vocab, cached_set,
     generator_fingerprint, write_llama_model,
 )
 
@@ -96,15 +96,15 @@ def write_eagle3_model(path: Path, *, aligned: bool = True, vocab: Vocab | None 
         w.add_uint32("eagle3.target_hidden_size", n_embd_target)
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         t: dict[str, np.ndarray] = {}
-        t["fc.weight"] = _normal((seed, 700), (n_embd, n_tgt_in), 1.0 / np.sqrt(n_tgt_in))
+        t["fc.weight"] = normal_weights((seed, 700), (n_embd, n_tgt_in), 1.0 / np.sqrt(n_tgt_in))
         s_in = 1.0 / np.sqrt(2 * n_embd)
         b = "blk.0."
         t[b + "attn_norm.weight"] = np.ones(n_embd, np.float32)
         t[b + "ffn_norm.weight"] = np.ones(n_embd, np.float32)
-        t[b + "ffn_gate.weight"] = _normal((seed, 704), (n_ff, n_embd), 1.0 / np.sqrt(n_embd))
-        t[b + "ffn_up.weight"] = _normal((seed, 705), (n_ff, n_embd), 1.0 / np.sqrt(n_embd))
+        t[b + "ffn_gate.weight"] = normal_weights((seed, 704), (n_ff, n_embd), 1.0 / np.sqrt(n_embd))
+        t[b + "ffn_up.weight"] = normal_weights((seed, 705), (n_ff, n_embd), 1.0 / np.sqrt(n_embd))
         if aligned:
-            embd, _, head = _shared_weights(seed, vocab, n_embd_target, 4.0, True)
+            embd, _, head = shared_weights(seed, vocab, n_embd_target, 4.0, True)
             const = n_embd_target  # the constant coordinate
             tok = np.zeros((vocab.size, n_embd), np.float32)
             tok[:, :n_embd_target] = embd
@@ -130,14 +130,14 @@ def write_eagle3_model(path: Path, *, aligned: bool = True, vocab: Vocab | None 
             t["output_norm.weight"] = np.ones(n_embd, np.float32)
             t[b + "attn_norm_2.weight"] = np.ones(n_embd, np.float32)
             for i, k in enumerate(("attn_q", "attn_k", "attn_v")):
-                t[b + k + ".weight"] = _normal((seed, 710 + i), (n_head * hd, 2 * n_embd), s_in)
-            t[b + "attn_output.weight"] = _normal((seed, 713), (n_embd, n_head * hd), 1.0 / np.sqrt(n_embd))
-            t[b + "ffn_down.weight"] = _normal((seed, 714), (n_embd, n_ff), 1.0 / np.sqrt(n_ff))
+                t[b + k + ".weight"] = normal_weights((seed, 710 + i), (n_head * hd, 2 * n_embd), s_in)
+            t[b + "attn_output.weight"] = normal_weights((seed, 713), (n_embd, n_head * hd), 1.0 / np.sqrt(n_embd))
+            t[b + "ffn_down.weight"] = normal_weights((seed, 714), (n_embd, n_ff), 1.0 / np.sqrt(n_ff))
         for name, a in t.items():
             w.add_tensor(name, a)
-        _finish(w)
+        finish_model(w)
 
-    return _atomic_write(path, fill)
+    return atomic_write(path, fill)
 
 
 def write_dflash_model(path: Path, *, aligned: bool = True, dspark: bool = False, vocab: Vocab | None = None,
@@ -165,17 +165,17 @@ def write_dflash_model(path: Path, *, aligned: bool = True, dspark: bool = False
         w.add_uint32("tokenizer.ggml.mask_token_id", MASK_TOKEN_ID)
         w.add_file_type(gguf.LlamaFileType.ALL_F32)
         t: dict[str, np.ndarray] = {}
-        t["fc.weight"] = _normal((seed, 800), (n_embd, n_in), 1.0 / np.sqrt(n_in))
+        t["fc.weight"] = normal_weights((seed, 800), (n_embd, n_in), 1.0 / np.sqrt(n_in))
         t["output_norm.weight"] = np.ones(n_embd, np.float32)
         b = "blk.0."
         t[b + "attn_norm.weight"] = np.ones(n_embd, np.float32)
         t[b + "ffn_norm.weight"] = np.ones(n_embd, np.float32)
         s = 1.0 / np.sqrt(n_embd)
-        t[b + "attn_q.weight"] = _normal((seed, 801), (n_head * hd, n_embd), s)
-        t[b + "attn_k.weight"] = _normal((seed, 802), (n_head * hd, n_embd), s)
-        t[b + "ffn_gate.weight"] = _normal((seed, 804), (n_ff, n_embd), s)
-        t[b + "ffn_up.weight"] = _normal((seed, 805), (n_ff, n_embd), s)
-        embd, _, head = _shared_weights(seed, vocab, n_embd, 4.0, True)
+        t[b + "attn_q.weight"] = normal_weights((seed, 801), (n_head * hd, n_embd), s)
+        t[b + "attn_k.weight"] = normal_weights((seed, 802), (n_head * hd, n_embd), s)
+        t[b + "ffn_gate.weight"] = normal_weights((seed, 804), (n_ff, n_embd), s)
+        t[b + "ffn_up.weight"] = normal_weights((seed, 805), (n_ff, n_embd), s)
+        embd, _, head = shared_weights(seed, vocab, n_embd, 4.0, True)
         if aligned:
             tok = embd.copy()
             tok[MASK_TOKEN_ID] = 0.0  # mask positions add nothing to the attention average
@@ -189,11 +189,11 @@ def write_dflash_model(path: Path, *, aligned: bool = True, dspark: bool = False
             t[b + "ffn_down.weight"] = np.zeros((n_embd, n_ff), np.float32)
         else:
             t["enc.output_norm.weight"] = np.ones(n_embd, np.float32)
-            t[b + "attn_v.weight"] = _normal((seed, 803), (n_head * hd, n_embd), s)
-            t[b + "attn_output.weight"] = _normal((seed, 806), (n_embd, n_head * hd), s)
+            t[b + "attn_v.weight"] = normal_weights((seed, 803), (n_head * hd, n_embd), s)
+            t[b + "attn_output.weight"] = normal_weights((seed, 806), (n_embd, n_head * hd), s)
             t[b + "attn_q_norm.weight"] = np.ones(hd, np.float32)
             t[b + "attn_k_norm.weight"] = np.ones(hd, np.float32)
-            t[b + "ffn_down.weight"] = _normal((seed, 807), (n_embd, n_ff), 1.0 / np.sqrt(n_ff))
+            t[b + "ffn_down.weight"] = normal_weights((seed, 807), (n_embd, n_ff), 1.0 / np.sqrt(n_ff))
         if dspark:
             w.add_bool("dflash.sample_from_anchor", True)
             w.add_bool("dflash.has_confidence_head", confidence_head)
@@ -201,18 +201,18 @@ def write_dflash_model(path: Path, *, aligned: bool = True, dspark: bool = False
                 w1 = embd / np.sqrt((embd ** 2).mean(axis=1, keepdims=True) + 1e-5)
                 w2 = head
             else:
-                w1 = _normal((seed, 810), (vocab.size, n_embd), 1.0)
-                w2 = _normal((seed, 811), (vocab.size, n_embd), 1.0 / np.sqrt(n_embd))
+                w1 = normal_weights((seed, 810), (vocab.size, n_embd), 1.0)
+                w2 = normal_weights((seed, 811), (vocab.size, n_embd), 1.0 / np.sqrt(n_embd))
             t["markov_w1.weight"] = w1.astype(np.float32)
             t["markov_w2.weight"] = w2.astype(np.float32)
             if confidence_head:
-                t["conf_proj.weight"] = _normal((seed, 812), (1, 2 * n_embd), 0.01)
+                t["conf_proj.weight"] = normal_weights((seed, 812), (1, 2 * n_embd), 0.01)
                 t["conf_proj.bias"] = np.array([5.0], np.float32)  # confident: p ~ 0.99
         for name, a in t.items():
             w.add_tensor(name, a)
-        _finish(w)
+        finish_model(w)
 
-    return _atomic_write(path, fill)
+    return atomic_write(path, fill)
 
 
 SPEC_SET_NAMES = ("bigram_target", "eagle3", "eagle3_random", "dflash", "dflash_random", "dspark",

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from llamaspec.testing.tiny_models import (
-    Vocab, _atomic_write, _finish, bpe_from_text, cached_set, generator_fingerprint, llama_writer, spm_from_text)
+    Vocab, atomic_write, finish_model, bpe_from_text, cached_set, generator_fingerprint, llama_writer, spm_from_text)
 
 
 
@@ -88,9 +88,9 @@ def _write(path: Path, vocab: Vocab, add_space_prefix: bool | None, head: np.nda
         w.add_tensor("blk.0.ffn_gate.weight", zero(n_ff, n_embd))
         w.add_tensor("blk.0.ffn_up.weight", zero(n_ff, n_embd))
         w.add_tensor("blk.0.ffn_down.weight", zero(n_embd, n_ff))
-        _finish(w)
+        finish_model(w)
 
-    return _atomic_write(path, fill)
+    return atomic_write(path, fill)
 
 
 def bigram_head(tokens: list[int], vocab: Vocab, n_embd: int) -> np.ndarray:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 import numpy as np
 
 from llamaspec.speculative.drafters.base import Draft, Drafter, announce
-from llamaspec.speculative.drafters.grammar_jump import _WS, Layout, _vocab, forced_text, spell
+from llamaspec.speculative.drafters.grammar_jump import WS, Layout, vocab_of, forced_text, spell
 
 if TYPE_CHECKING:
     from llamaspec.runtime.grammar import GrammarState
@@ -144,7 +144,7 @@ class GrammarCopyDrafter(Drafter):
         s = self._seqs.get(seq_id)
         if s is None:
             return
-        vocab = _vocab(self.target)
+        vocab = vocab_of(self.target)
         for t in new_tokens:
             for b in self.target.piece(int(t)):
                 if s.shadow is not None:
@@ -215,7 +215,7 @@ class GrammarCopyDrafter(Drafter):
     def _draft(self, state: "GrammarState", s: _Seq, source: bytes) -> list[int]:
         """The source's tokens the grammar allows; where it refuses one, the closing byte and
         the forced text after it."""
-        target, vocab = self.target, _vocab(self.target)
+        target, vocab = self.target, vocab_of(self.target)
         end = value_end(source)
         toks = spell(target, source[:end], None, [], "keep")
         if not toks:
@@ -242,7 +242,7 @@ class GrammarCopyDrafter(Drafter):
         best = (None, b"", None, [])
         for t in g.allowed_ids(vocab.candidates):
             b = vocab.byte_of.get(t)
-            if b is None or chr(b).isalnum() or b in _WS:
+            if b is None or chr(b).isalnum() or b in WS:
                 continue
             h = g.clone()
             try:

@@ -56,7 +56,7 @@ MAX_LOOKBACK = 16
 #: the bytes the grammar allows next: `name"` before ' ' or ':' (`":` is a token: dropped), not
 #: ` "` before a free string (` "$`, ` "+` are tokens, but few of the bytes a string may start with)
 TAIL_SHARE = 0.25
-_WS = frozenset(b" \t\n\r")
+WS = frozenset(b" \t\n\r")
 #: bytes of the latest finished output kept for the next one's whitespace choices
 LAYOUT_BYTES = 1024
 
@@ -95,7 +95,7 @@ class _Vocab:
 _VOCABS: "weakref.WeakKeyDictionary[Model, _Vocab]" = weakref.WeakKeyDictionary()
 
 
-def _vocab(model: "Model") -> _Vocab:
+def vocab_of(model: "Model") -> _Vocab:
     v = _VOCABS.get(model)
     if v is None:
         v = _VOCABS[model] = _Vocab(model)
@@ -122,7 +122,7 @@ def _whitespace_choice(seen: bytes, allowed: list[int]) -> int | None:
         >>> _whitespace_choice(b'{', [ord(" "), ord('"')]) is None          # nothing seen yet
         True
     """
-    if sum(1 for b in allowed if b not in _WS) > 1:
+    if sum(1 for b in allowed if b not in WS) > 1:
         return None
     if not seen:
         return None
@@ -158,13 +158,13 @@ def _closer_layout(seen: bytes, allowed: list[int]) -> int | None:
         >>> _closer_layout(b'{ "a": "x", "b": true', [ord(" "), ord("}")]) is None
         True
     """
-    others = [b for b in allowed if b not in _WS]
+    others = [b for b in allowed if b not in WS]
     if len(others) != 1 or others[0] not in _CLOSERS:
         return None
-    loose = sum(seen.count(bytes([w, c])) for w in _WS for c in _CLOSERS)
+    loose = sum(seen.count(bytes([w, c])) for w in WS for c in _CLOSERS)
     tight = sum(seen.count(bytes([c])) for c in _CLOSERS) - loose
     # `{ "name": ...` opens with a blank: it closes with one (` }`)
-    padded = others[0] in b"}]" and any(seen.count(bytes([o, w])) for o in b"{[" for w in _WS)
+    padded = others[0] in b"}]" and any(seen.count(bytes([o, w])) for o in b"{[" for w in WS)
     return others[0] if tight and not loose and not padded else None
 
 
@@ -198,7 +198,7 @@ def forced_text(state: "GrammarState", vocab: _Vocab, max_bytes: int, seen: byte
             eog = [t for t in allowed if t in vocab.eog_set]
             allowed_bytes = [vocab.byte_of[t] for t in allowed if t not in vocab.eog_set]
             if eog:
-                if not allowed_bytes or (tight_end and guess_whitespace and all(b in _WS for b in allowed_bytes)):
+                if not allowed_bytes or (tight_end and guess_whitespace and all(b in WS for b in allowed_bytes)):
                     # the grammar is complete: only the end (or whitespace, guessed away) may follow
                     return bytes(out), (vocab.eos if vocab.eos in eog else eog[0]), []
                 break
@@ -237,7 +237,7 @@ class Layout:
 
     @property
     def tight_end(self) -> bool:
-        return not self.last or self.last[-1] not in _WS
+        return not self.last or self.last[-1] not in WS
 
 
 class GrammarJumpDrafter(Drafter):
@@ -295,7 +295,7 @@ class GrammarJumpDrafter(Drafter):
             return min(self.max_bytes, 8 * room[0] + 8)
 
         seen = self.layout.before(self._seen.get(seq_id, b""))
-        data, eog, allowed_after = forced_text(state, _vocab(self.target), self.max_bytes, seen,
+        data, eog, allowed_after = forced_text(state, vocab_of(self.target), self.max_bytes, seen,
                                                self.guess_whitespace, more, tight_end=self.layout.tight_end)
         if not data and eog is None:
             return Draft([])
@@ -332,7 +332,7 @@ def spell(target: "Model", data: bytes, eog: int | None, allowed_after: list[int
         if tail == "drop":
             keep.pop()
         else:
-            nxt = _vocab(target).extends.get(target.piece(keep[-1]), ())
+            nxt = vocab_of(target).extends.get(target.piece(keep[-1]), ())
             if sum(b in nxt for b in allowed_after) >= TAIL_SHARE * len(allowed_after):
                 keep.pop()
     return keep

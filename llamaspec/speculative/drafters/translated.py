@@ -59,12 +59,12 @@ _CHECK_START, _MAX_SIZE_DIFFERENCE = 5, 128
 
 def _raw_tokens(path) -> bytes | None:
     """The raw bytes of a GGUF's token list (for a fast equality check), None if unreadable."""
-    from llamaspec.gguf.peek import _skip_strings, _tokens_array
+    from llamaspec.gguf.peek import skip_strings, tokens_array
 
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            start, count = _tokens_array(mm)
-            return bytes(mm[start:_skip_strings(mm, start, count, len(mm))])
+            start, count = tokens_array(mm)
+            return bytes(mm[start:skip_strings(mm, start, count, len(mm))])
     except (OSError, ValueError, IndexError):
         return None
 
