@@ -371,7 +371,7 @@ def main() -> int:
                     diff = differing(runs[ns_plain][0]["results"], runs[i][0]["results"])
                     checks[f"{who} {mode} vs llama-server plain"] = {"identical": len(lines) - len(diff),
                                                                      "compared": len(lines), "differing": diff}
-    natives = [k for k in rows if k[0] == "llama-server" and k[1] != "plain"]
+    natives = [k for k in rows if k[0] == "llama-server" and k[1] not in ("plain", NO_SCHEMA)]   # (a spec type, with the schema)
     best = max(natives, key=lambda k: rows[k]["tok_s"], default=None)
     ratios = {}
     for name, ref in (("plain", plain), ("llama-server plain", rows.get(("llama-server", "plain"))),
