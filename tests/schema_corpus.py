@@ -11,11 +11,11 @@ enforced or refused with its name, never dropped.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamaspec.runtime.schema_finite import FORMAT_MAX_LENGTH
 
 
 @dataclass(frozen=True)
@@ -336,10 +336,7 @@ def corpus() -> list[Case]:
         shown = f" For example: {json.dumps(EXAMPLES[name])}." if name in EXAMPLES else ""
         ask = PROMPTS.get(name, f"Give {what}.{shown}")
         cases.append(Case(name, schema, f"{ask} Reply with JSON only.", 256, frozenset(tags)))
-    # an email may run to 128 characters under the engine's bounds (runtime/schema_finite.py),
-    # about a token each when a model writes junk: room for two of them
-    cases = [dataclasses.replace(c, max_tokens=c.max_tokens + 256) if "format: email" in keywords(c.schema) else c
-             for c in cases]
+    cases = [with_room(c) for c in cases]
     ids = [c.id for c in cases]
     assert len(ids) == len(set(ids)), "case ids must be unique"
     assert set(PROMPTS) | set(EXAMPLES) <= set(ids), "a prompt or example for no case"
@@ -349,6 +346,13 @@ def corpus() -> list[Case]:
 _MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 _ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames", "unevaluatedProperties")
 _LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def with_room(case: Case) -> Case:
+    """The case with room for its longest format value: a model writing junk at T=1 may run a
+    string to the engine's bound (runtime/schema_finite.py; uri 256), about a token a character."""
+    longest = max((n for f, n in FORMAT_MAX_LENGTH.items() if f"format: {f}" in keywords(case.schema)), default=0)
+    return dataclasses.replace(case, max_tokens=case.max_tokens + longest) if longest else case
 
 
 def keywords(schema: Any) -> set[str]:

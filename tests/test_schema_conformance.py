@@ -26,7 +26,7 @@ from jsonschema.exceptions import best_match
 from llamaspec.generator import Generator, Request
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.grammar_errors import GrammarError
-from schema_corpus import EXAMPLES, OUTSIDE, Case, corpus, keywords
+from schema_corpus import EXAMPLES, OUTSIDE, Case, corpus, keywords, with_room
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -73,7 +73,7 @@ FORMAT_SAMPLES = {   # format: (a valid value, an invalid one): the checker must
 
 
 CASES = corpus()
-OUTSIDE_CASES = [Case(f"outside-{name}", schema, f"Give {ask} as JSON. Reply with JSON only.", 120)
+OUTSIDE_CASES = [with_room(Case(f"outside-{name}", schema, f"Give {ask} as JSON. Reply with JSON only.", 120))
                  for name, _, schema, ask in OUTSIDE]
 SEEDS = (1, 2, 3)
 # (mode, request fields): greedy twice (which generator: the mode says), then temperature 1, 3 seeds
