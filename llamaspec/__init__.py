@@ -1,6 +1,6 @@
 """llamaspec: speculative decoding for local GGUF models, on llama.cpp via llama-cpp-python.
 
-The Python API for scripts is `Generator` (llamaspec/generator.py), imported on first use so that
+The Python API for scripts is `Generator` (llamaspec/api/generator.py), imported on first use so that
 `import llamaspec` and `llamaspec --help` stay light (no llama_cpp).
 """
 
@@ -12,11 +12,11 @@ __all__ = ["__version__", "Generator", "Result", "Request", "GenerationInterrupt
 
 def __getattr__(name: str):
     if name in ("Generator", "Result", "Request", "GenerationInterrupted"):
-        from llamaspec import generator
+        from llamaspec.api import generator
 
         return getattr(generator, name)
     if name == "GenerationOptions":
-        from llamaspec.generation_options import GenerationOptions
+        from llamaspec.api.options import GenerationOptions
 
         return GenerationOptions
     if name == "SamplingParams":

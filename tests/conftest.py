@@ -206,7 +206,7 @@ def run_cli():
 def generator_options(monkeypatch) -> list:
     """The GenerationOptions each Generator.from_options call received (the wiring `run`,
     `batch` and `serve` use), in order; the Generator is still built for real."""
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
 
     seen: list = []
     real = Generator.from_options.__func__

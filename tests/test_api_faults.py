@@ -276,12 +276,12 @@ def test_close(storm):
 
 
 def test_context_owner_frees_only_when_unused():
-    """The rule under the API (llamaspec/context_owner.py): close() frees at once when nothing uses
+    """The rule under the API (llamaspec/api/ownership.py): close() frees at once when nothing uses
     the models, else when the owner (a generation) and the readers (tokenizing) are done; after
     close() a new owner or reader is refused."""
     import threading
 
-    from llamaspec.context_owner import ContextOwner
+    from llamaspec.api.ownership import ContextOwner
     from llamaspec.errors import UsageError
 
     freed: list[int] = []

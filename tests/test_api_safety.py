@@ -10,7 +10,7 @@ import pytest
 
 from child_process import Child
 from llamaspec.errors import UsageError
-from llamaspec.generator import Generator, Request
+from llamaspec.api.generator import Generator, Request
 
 # A user's script: three generate calls in a loop, each long; it prints a line as each call starts,
 # and once the first call is generating (a decode listener's line after the prompt's decode).

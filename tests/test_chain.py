@@ -164,7 +164,7 @@ def test_a_refused_chain_frees_every_model_it_loaded(tiny_models, monkeypatch):
     EAGLE-3 refuses the file. The target and that draft are freed at once (a script that tries
     configurations in a loop kept every one in memory until the garbage collector ran), and a
     working chain's pipeline closes all of its drafters' models."""
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
     from llamaspec.runtime import llama
 
     loaded = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamaspec.generator import Generator
+from llamaspec.api.generator import Generator
 
 
 @pytest.mark.real

@@ -59,7 +59,7 @@ def test_ctrl_c_during_the_prompt_evaluation_drops_the_message(smollm2_q4, capsy
     works on the conversation as it was."""
     from llamaspec.cli._output import Output
     from llamaspec.cli.chat import ChatSession
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
 
     with Generator(smollm2_q4, temperature=0, max_tokens=8, ctx_size=2048, threads=1) as g:
         session = ChatSession(g, Output())

@@ -449,7 +449,7 @@ def test_parallel_sequences_share_the_batch_time_by_rows(tiny_models, monkeypatc
     took a one-token step for two."""
     import types
 
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
     from llamaspec.speculative import engine as engine_mod, sequence as sequence_mod
 
     STEP = 0.03

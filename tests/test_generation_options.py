@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llamaspec.errors import UsageError
-from llamaspec.generation_options import GenerationOptions, check_stop
+from llamaspec.api.options import GenerationOptions, check_stop
 from llamaspec.speculative.sampling_params import SamplingParams
 
 

@@ -93,7 +93,7 @@ def test_the_server_bodies_are_400s_naming_the_field():
 
 
 def test_batch_lines_and_the_python_api_share_the_bounds():
-    from llamaspec.constraints import grammar_of
+    from llamaspec.api.constraints import grammar_of
     from llamaspec.openai.requests import structured_fields
 
     with pytest.raises(RequestError) as e:

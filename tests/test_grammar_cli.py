@@ -11,7 +11,7 @@ import math
 import jsonschema
 import pytest
 
-from llamaspec.constraints import check_logit_bias, check_logprobs, grammar_of
+from llamaspec.api.constraints import check_logit_bias, check_logprobs, grammar_of
 from llamaspec.errors import UsageError
 from llamaspec.runtime.grammar import GrammarError, GrammarSpec
 

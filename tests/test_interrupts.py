@@ -256,7 +256,7 @@ def test_pull_keeps_the_partial_download_and_resumes(hub, hub_home, tiny_models,
 LOST_RAISE = """
 import signal, sys
 from llamaspec.cli import _errors, main
-from llamaspec.generator import Generator
+from llamaspec.api.generator import Generator
 
 real = Generator.generate
 

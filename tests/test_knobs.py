@@ -21,8 +21,8 @@ import pytest
 from llamaspec import knobs
 from llamaspec.batch.requests import LineError, parse_requests
 from llamaspec.errors import UsageError
-from llamaspec.generation_options import GenerationOptions
-from llamaspec.generator import Generator, Request
+from llamaspec.api.options import GenerationOptions
+from llamaspec.api.generator import Generator, Request
 from llamaspec.openai import requests as oa_req
 from llamaspec.speculative.sampling_params import SamplingParams
 
@@ -144,7 +144,7 @@ def test_draft_min_over_draft_max_is_one_rule():
 
 
 def test_logit_bias_has_one_limit():
-    from llamaspec.constraints import check_logit_bias
+    from llamaspec.api.constraints import check_logit_bias
 
     assert knobs.bias_ok(-knobs.BIAS_LIMIT) and knobs.bias_ok(float("-inf")) and not knobs.bias_ok(knobs.BIAS_LIMIT + 1)
     with pytest.raises(oa_req.RequestError) as http:

@@ -54,9 +54,10 @@ def _layer(module: str) -> str:
         return "batch_ray"
     if len(parts) == 1:
         return "api"
-    # a top-level module (generator.py, resolve.py, ...) is the public API, a package its own layer
+    # a package is its own layer (llamaspec/api/: the public Python API); the few top-level modules
+    # are the bottom layer, but for __main__
     top = {"__main__": "cli", "_version": "errors", "errors": "errors", "knobs": "errors", "openai": "format"}
-    return top.get(parts[1], "api" if (PKG / f"{parts[1]}.py").is_file() else parts[1])
+    return top.get(parts[1], parts[1])
 
 
 def _graph() -> dict[str, set[str]]:
@@ -138,6 +139,12 @@ def test_no_module_over_400_lines_outside_testing():
     long = [f"{p.relative_to(PKG)}: {n}" for p in PKG.rglob("*.py")
             if "testing" not in p.parts and (n := len(p.read_text().splitlines())) > 420]
     assert long == []
+
+
+def test_the_top_level_holds_only_the_bottom_layer():
+    """The public API is a package (llamaspec/api/), not loose modules beside errors.py."""
+    loose = sorted(p.name for p in PKG.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "_version.py", "errors.py", "knobs.py"]
 
 
 def test_every_module_has_a_layer():

@@ -209,7 +209,7 @@ def test_devices_are_probed_with_their_memory():
 
 
 def test_run_chooses_zero_layers_here_and_works(run_cli, tiny_models):
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
 
     args = ("run", tiny_models["target"], "-p", "Tell me about the sea.", "-n", "12", "--temp", "0", "-t", "1")
     r = run_cli(*args, "--draft", tiny_models["draft"], "-v")

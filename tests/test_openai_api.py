@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from engine_helpers import prompt_tokens, same_text_or_near_tie
 from llamaspec.errors import UsageError
-from llamaspec.generator import Generator
+from llamaspec.api.generator import Generator
 
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 EPS = 1.1   # Q4_1: a logit moves by up to 1.05 between batch shapes (engine_helpers)

@@ -13,7 +13,7 @@ from llamaspec.openai import requests as oa_req
 from llamaspec.batch import LineError, parse_requests
 from llamaspec.batch import Request as LineRequest
 from llamaspec.errors import UsageError
-from llamaspec.generation_options import GenerationOptions, check_stop
+from llamaspec.api.options import GenerationOptions, check_stop
 
 MSG = [{"role": "user", "content": "x"}]
 
@@ -80,7 +80,7 @@ def test_run_stop_flag_takes_an_empty_string(run_cli, tiny_models):
 
 def test_generator_requests_follow_the_same_rule(tiny_models):
     """Request(stop=["", X]) stops where Request(stop=[X]) does; [1] is a UsageError naming stop."""
-    from llamaspec.generator import Generator, Request
+    from llamaspec.api.generator import Generator, Request
 
     with Generator(tiny_models["target"], spec_type="none", temperature=0, max_tokens=12, threads=1,
                    chat=False) as g:

@@ -9,7 +9,7 @@ import doctest
 
 import pytest
 
-from llamaspec.generator import Request
+from llamaspec.api.generator import Request
 from llamaspec.openai import messages, requests as oa_req, response_format
 from llamaspec.runtime.grammar import GrammarSpec, grammar_from_schema
 

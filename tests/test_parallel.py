@@ -10,7 +10,7 @@ import pytest
 import llamaspec.runtime.llama as llama_mod
 from engine_helpers import assert_lossless
 from llamaspec.errors import ContextFullError
-from llamaspec.generator import Generator
+from llamaspec.api.generator import Generator
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.llama import Model
 

@@ -12,7 +12,7 @@ import pytest
 from llamaspec.openai import requests as oa_req
 from llamaspec.batch import LineError, parse_requests
 from llamaspec.errors import UsageError
-from llamaspec.generator import Generator, Request
+from llamaspec.api.generator import Generator, Request
 from llamaspec.speculative.sampling_params import SamplingParams
 
 FIELDS = ("presence_penalty", "frequency_penalty")

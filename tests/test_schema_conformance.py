@@ -23,7 +23,7 @@ import pytest
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import best_match
 
-from llamaspec.generator import Generator, Request
+from llamaspec.api.generator import Generator, Request
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.grammar_errors import GrammarError
 from schema_corpus import EXAMPLES, OUTSIDE, Case, corpus, keywords, with_room

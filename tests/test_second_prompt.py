@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from llamaspec.generator import Generator
+from llamaspec.api.generator import Generator
 from llamaspec.speculative.options import SPEC_TYPES, NgramParams
 from llamaspec.testing.tiny_assistant import make_assistant_set
 from llamaspec.testing.tiny_models import GENERATOR_VERSION

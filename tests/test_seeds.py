@@ -76,7 +76,7 @@ def gen(tiny_models):
 
 
 def test_generate_and_request_seeds(gen):
-    from llamaspec.generator import Request
+    from llamaspec.api.generator import Request
 
     a = gen.generate("Once upon", seed=-3, max_tokens=16, chat=False).text   # raw text, as create_completion
     assert a == gen.generate(Request("Once upon", seed=-3, max_tokens=16, chat=False)).text

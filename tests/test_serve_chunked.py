@@ -16,8 +16,8 @@ import pytest
 
 from engine_helpers import assert_lossless
 
-from llamaspec.generation_options import GenerationOptions
-from llamaspec.generator import Generator, Request
+from llamaspec.api.options import GenerationOptions
+from llamaspec.api.generator import Generator, Request
 from llamaspec.runtime import chat_template
 from llamaspec.serve import prefill
 from llamaspec.serve.scheduler import Job, Scheduler

@@ -15,7 +15,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from llamaspec.openai import requests as oa_req, responses as oa_resp
-from llamaspec.generator import Request, Result
+from llamaspec.api.generator import Request, Result
 
 IDS = dict(id="chatcmpl-1", model="m.gguf", created=1_700_000_000)
 

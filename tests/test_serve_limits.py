@@ -49,7 +49,7 @@ def test_n_predict_is_max_tokens_and_minus_one_is_no_limit():
 
 
 def test_ignore_eos_reaches_the_request():
-    from llamaspec.generator import Request
+    from llamaspec.api.generator import Request
 
     assert Request(**_chat(ignore_eos=True).fields).ignore_eos is True
     assert Request(**_chat(ignore_eos=False).fields).ignore_eos is False
@@ -251,7 +251,7 @@ class _InProcess:
     def __init__(self, model, **sched_kw):
         import uvicorn
 
-        from llamaspec.generator import Generator
+        from llamaspec.api.generator import Generator
         from llamaspec.serve import server
         from llamaspec.serve.app import create_app
         from llamaspec.serve.scheduler import Scheduler
@@ -328,7 +328,7 @@ def test_a_full_queue_is_503_with_retry_after_and_a_request_queued_past_its_dead
 @pytest.mark.real
 @pytest.mark.parametrize("shared", [True, False])
 def test_suffix_scope_request_keeps_finished_requests_out_of_the_index(tiny_models, shared):
-    from llamaspec.generator import Generator, Request
+    from llamaspec.api.generator import Generator, Request
     from llamaspec.serve.scheduler import Job, Scheduler
     from llamaspec.speculative.drafters.suffix import SuffixDrafter
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from llamaspec.generator import Generator
+from llamaspec.api.generator import Generator
 
 pytestmark = pytest.mark.real
 

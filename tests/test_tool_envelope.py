@@ -13,7 +13,7 @@ from openai.types.chat import ChatCompletion
 
 from llamaspec.batch.requests import parse_requests
 from llamaspec.batch.results import result_record
-from llamaspec.generator import Generator
+from llamaspec.api.generator import Generator
 from llamaspec.openai.tool_formats import GENERIC, detect_format
 
 pytestmark = pytest.mark.real

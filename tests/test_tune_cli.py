@@ -106,7 +106,7 @@ def test_run_applies_a_stored_config_and_flags_win(run_cli, pair):
 
 
 def test_generator_gets_the_tuned_settings_and_explicit_ones(pair):
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
 
     t, d = pair
     store.save(t, d, TunedConfig("ngram-mod,draft-simple", draft_max=7, ngram={"mod_n_match": 3}))

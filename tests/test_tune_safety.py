@@ -63,7 +63,7 @@ def test_a_store_that_is_not_utf8_can_be_shown_and_forgotten(run_cli, pair, bad_
 
 
 def test_a_store_that_is_not_utf8_does_not_stop_a_generator(pair, bad_store, caplog):
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
 
     t, d = pair
     with caplog.at_level(logging.WARNING, logger="llamaspec.tune"):
@@ -111,7 +111,7 @@ def test_an_explicit_draft_keeps_a_stored_config_that_uses_it_and_says_what_appl
 
 
 def test_generator_with_an_explicit_draft_keeps_it(pair):
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
 
     t, d = pair
     store.save(t, d, TunedConfig("ngram-simple", draft_max=9))

@@ -35,8 +35,8 @@ from llamaspec import errors
 from llamaspec.errors import LlamaspecError, UsageError
 
 if TYPE_CHECKING:
-    from llamaspec.generation_options import GenerationOptions
-    from llamaspec.generator import Request, Result
+    from llamaspec.api.options import GenerationOptions
+    from llamaspec.api.generator import Request, Result
 
 __all__ = ["require_ray", "connect", "probe", "shard_of", "RayExecutor", "GeneratorPredictor", "EXTRA_MESSAGE"]
 
@@ -153,7 +153,7 @@ class _Worker:
     def load(self) -> dict[str, Any]:
         """What the driver's manifest and records need, or {"error": ...}: a LlamaspecError
         travels by name, message and hint (its class is rebuilt on the driver)."""
-        from llamaspec.generator import Generator
+        from llamaspec.api.generator import Generator
 
         node = socket.gethostname()
         try:
@@ -363,12 +363,12 @@ class GeneratorPredictor:
     """
 
     def __init__(self, model: str | None = None, **generator_kwargs: Any):
-        from llamaspec.generator import Generator
+        from llamaspec.api.generator import Generator
 
         self.g = Generator(model, **generator_kwargs)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        from llamaspec.generator import Request
+        from llamaspec.api.generator import Request
 
         prompts = [str(p) for p in batch["prompt"]]
         got = {r.id: r for r in self.g.generate_many([Request(p, id=str(i)) for i, p in enumerate(prompts)])}

@@ -1,5 +1,5 @@
 """The options of a generation, shared by `run`, `chat`, `batch` and `serve` (declared once): the
-command gets them as `gen`, one `GenerationOptions` (llamaspec/generation_options.py) for
+command gets them as `gen`, one `GenerationOptions` (llamaspec/api/options.py) for
 `Generator.from_options`; --grammar / -j and their file forms become its `grammar`. The sampling
 and drafting options, their defaults and checks are the knob table's (llamaspec/knobs.py)."""
 
@@ -19,7 +19,7 @@ from llamaspec.errors import UsageError
 from llamaspec.speculative.options import spec_type_help  # the spec-type table; no llama_cpp import
 
 if TYPE_CHECKING:
-    from llamaspec.generation_options import GenerationOptions
+    from llamaspec.api.options import GenerationOptions
 
 
 SPEC_HELP = (f"Speculative types, comma list, llama.cpp's names (aliases): {spec_type_help()}. "
@@ -76,7 +76,7 @@ SearchOpt = Annotated[Optional[list[Path]], typer.Option("--search", help="Also 
 
 
 def _generation_options(**v: Any) -> "GenerationOptions":
-    from llamaspec.generation_options import GenerationOptions
+    from llamaspec.api.options import GenerationOptions
     from llamaspec.speculative.sampling_params import SamplingParams
 
     check_draft_exists(v["draft"], number_is_length=True)

@@ -27,7 +27,7 @@ from llamaspec.errors import UsageError
 from llamaspec.speculative.options import NgramParams
 
 if TYPE_CHECKING:
-    from llamaspec.generation_options import GenerationOptions
+    from llamaspec.api.options import GenerationOptions
 
 
 @app.command()
@@ -71,7 +71,7 @@ def batch(
     from dataclasses import replace
 
     from llamaspec import batch as io
-    from llamaspec.generator import Request
+    from llamaspec.api.generator import Request
     from llamaspec.runtime.llama import set_llama_log
 
     if ray_address is None and ray_workers is not None:
@@ -185,7 +185,7 @@ def _engine(model, opts: GenerationOptions, ray_address: str | None, ray_workers
     """(something with generate_many(requests, parallel=), what the job needs to know of what was
     loaded): this process's Generator, or Ray actors each holding one (batch/ray_executor.py)."""
     if ray_address is None:
-        from llamaspec.generator import Generator
+        from llamaspec.api.generator import Generator
 
         with Generator.from_options(model, opts) as g:
             r = g.resolved

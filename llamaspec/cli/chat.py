@@ -26,8 +26,8 @@ from llamaspec.cli.app import app
 from llamaspec.errors import ContextFullError, LlamaspecError, UsageError
 
 if TYPE_CHECKING:
-    from llamaspec.generation_options import GenerationOptions
-    from llamaspec.generator import Generator, Result
+    from llamaspec.api.options import GenerationOptions
+    from llamaspec.api.generator import Generator, Result
     from llamaspec.speculative.options import NgramParams
 
 EXIT_HINT = "Use Ctrl + d or /bye to exit."
@@ -53,7 +53,7 @@ def open_chat(model: str | None, options: GenerationOptions, out: Output, color:
     """Load the models as `run` does and chat until /bye, /exit or Ctrl-D."""
     if options.chat is False:
         raise UsageError("chat needs the model's chat template", "drop --raw, or use `llamaspec run -p` for plain text")
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
     from llamaspec.runtime.llama import set_llama_log
 
     set_llama_log()

@@ -147,7 +147,7 @@ def pair_report(model: str, *, search: list[str], default_dirs: bool, offline: b
     made_for = None
     if describe(header, vocab)["draft_info"]:   # MODEL is a draft made for a target: which targets fit it
         made_for = _targets_for_draft(header, candidates)
-    from llamaspec.resolve import decodes_on_gpu
+    from llamaspec.api.resolve import decodes_on_gpu
     from llamaspec.tune.draft_costs import measured
 
     auto = autodraft.choose_for_header(header, candidates=candidates, offline=offline, allow_download=not offline,

@@ -18,7 +18,7 @@ from llamaspec.cli.app import app
 from llamaspec.errors import UsageError
 
 if TYPE_CHECKING:
-    from llamaspec.generation_options import GenerationOptions
+    from llamaspec.api.options import GenerationOptions
     from llamaspec.speculative.options import NgramParams
 
 
@@ -59,7 +59,7 @@ def run(
     text = read_prompt(prompt, file)
 
     from llamaspec.cli._report import render_stats
-    from llamaspec.generator import GenerationInterrupted, Generator
+    from llamaspec.api.generator import GenerationInterrupted, Generator
     from llamaspec.runtime.llama import set_llama_log
 
     set_llama_log()

@@ -17,7 +17,7 @@ from llamaspec.cli.app import app
 from llamaspec.errors import LlamaspecError, UsageError
 
 if TYPE_CHECKING:
-    from llamaspec.generation_options import GenerationOptions
+    from llamaspec.api.options import GenerationOptions
     from llamaspec.speculative.options import NgramParams
 
 EXTRA_HINT = "pip install 'llamaspec[server]'"
@@ -104,7 +104,7 @@ def serve(
     require_server_extra()
     from pathlib import Path
 
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
     from llamaspec.runtime.llama import set_llama_log
     from llamaspec.serve import server
     from llamaspec.serve.app import create_app, is_loopback
@@ -162,7 +162,7 @@ def serve(
 def _train_context(model: str | None, offline: bool) -> int | None:
     """The model's training context (-c 0 shares it between the slots, as llama-server does)."""
     from llamaspec import hub
-    from llamaspec.resolve import default_target
+    from llamaspec.api.resolve import default_target
     from llamaspec.runtime.memory import context_length
 
     try:

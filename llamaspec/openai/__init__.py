@@ -1,5 +1,5 @@
 """OpenAI's wire format, one place for the server (serve/), batch lines (batch/) and the Python API
-(openai_api.py):
+(api/openai_methods.py):
 
 - fields.py: what every way in shares without pydantic (RequestError, `stop`, NO_LIMIT);
 - requests.py: request bodies -> `generator.Request` keyword arguments, refusals naming the field;

@@ -1,6 +1,6 @@
 """OpenAI request bodies in, declared as pydantic models (`ChatBody`, `CompletionBody`):
 `parse_chat` / `parse_completion` turn a body into the keyword arguments of a
-`llamaspec.generator.Request` (`Request(**parsed.fields)`) plus the stream options, or raise
+`llamaspec.api.generator.Request` (`Request(**parsed.fields)`) plus the stream options, or raise
 `RequestError` naming the field (OpenAI's error `param`: the top-level field; the message gives
 the path, `messages[2].content`). The server, batch lines and the Python API all parse here.
 
@@ -54,7 +54,7 @@ class Parsed:
     """A request body, parsed: what to generate and how to send it back."""
 
     kind: str                  # CHAT or COMPLETION
-    fields: dict[str, Any]     # llamaspec.generator.Request's keyword arguments (None: the default)
+    fields: dict[str, Any]     # llamaspec.api.generator.Request's keyword arguments (None: the default)
     stream: bool = False
     include_usage: bool = False
     model: str | None = None   # what the client named (one model is served: any name is accepted)

@@ -87,7 +87,7 @@ def count(limit: int) -> Callable[[Any], Any]:
 
 def logit_bias(v: Any) -> Any:
     """{token id (a string of digits, as JSON keys are): bias within knobs.BIAS_LIMIT} -> {int: float}.
-    Whether the ids are in the vocabulary is checked against the model (constraints.py)."""
+    Whether the ids are in the vocabulary is checked against the model (api/constraints.py)."""
     if v is None:
         return v
     if not isinstance(v, dict):

@@ -1,7 +1,7 @@
 """OpenAI objects out: chat.completion / chat.completion.chunk / text_completion, usage,
 llama-server's `timings` and error bodies.
 
-Engine-agnostic: the builders take a `llamaspec.generator.Result` (or anything with its `text`,
+Engine-agnostic: the builders take a `llamaspec.api.generator.Result` (or anything with its `text`,
 `tokens`, `n_prompt`, `finish_reason` and `stats`) or text pieces, with the id, model name and
 creation time, and return plain dicts ready for `json.dumps`.
 """

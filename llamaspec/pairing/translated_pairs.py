@@ -4,7 +4,7 @@ discovery.scan rules out files whose vocabulary type or size differ from the tar
 any token text is read (they cannot be token-exact). An ordinary model among them can still draft
 through text (speculative/drafters/translated.py), so `pair` and `--draft auto` give those that
 are clearly smaller than the target a full verdict here. `--draft auto` takes one only where a
-measurement says it pays (`pays`: resolve.py asks the `tune` store); the registry's translated
+measurement says it pays (`pays`: api/resolve.py asks the `tune` store); the registry's translated
 pairs are taken in autodraft.registry_choice.
 """
 

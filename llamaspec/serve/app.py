@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llamaspec.openai import requests as oa_req, responses as oa_resp
 from llamaspec.openai.chunks import Chunks
-from llamaspec.generator import Request as GenRequest
+from llamaspec.api.generator import Request as GenRequest
 from llamaspec.serve.scheduler import Job, Scheduler
 
 MAX_BODY = 8 * 1024 * 1024   # bytes of one request body

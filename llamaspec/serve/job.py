@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from llamaspec.generator import Generator, Request
+    from llamaspec.api.generator import Generator, Request
 
 #: Test-only fault injection (tests/test_serve_faults.py), off unless this variable is "1": a
 #: request whose prompt contains "<<fault:KIND>>" raises at that point. KIND is one of FAULT_KINDS:

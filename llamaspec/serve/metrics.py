@@ -9,7 +9,7 @@ import threading
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from llamaspec.generator import Result
+    from llamaspec.api.generator import Result
 
 PREFIX = "llamaspec:"
 

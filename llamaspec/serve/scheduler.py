@@ -43,7 +43,7 @@ from llamaspec.serve.slots import pick_slot
 from llamaspec.speculative.prompt_cache import PromptCache, swap_in
 
 if TYPE_CHECKING:
-    from llamaspec.generator import Generator
+    from llamaspec.api.generator import Generator
     from llamaspec.speculative.sequence import SequenceRun
 
 MAX_PENDING = 1024   # requests waiting for a slot; beyond it: 503 (the client may retry)

@@ -1,5 +1,5 @@
 """What goes into one generation and what comes out: `Request` and `Result` (the Python API's
-types; `llamaspec.generator` exports them, and serve, batch and the OpenAI layer build on them)."""
+types; `llamaspec.api.generator` exports them, and serve, batch and the OpenAI layer build on them)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Result:
 class Request:
     """A prompt with optional per-request settings (None: the Generator's).
 
-    Structured output (llamaspec/constraints.py checks them): grammar, GBNF text (or a built
+    Structured output (llamaspec/api/constraints.py checks them): grammar, GBNF text (or a built
     GrammarSpec, whose `field` then names it in errors); json_schema, a JSON schema (dict, its
     JSON text, or True/{} for any JSON value); not both. logit_bias: token id -> bias added to the
     target's logits (-100..100, OpenAI's range; -100 bans a token). logprobs: N (0-20) gives each

@@ -9,7 +9,7 @@ and Ctrl-C must reach the loop that is generating).
 
 Breaking out of the loop ends the generation (finish_reason "interrupted" on `result`) and keeps
 the sequence's KV cache consistent for the next call. The stream owns the Generator's contexts from
-its first piece to its end (llamaspec/context_owner.py): a stream iterated after `Generator.close()`
+its first piece to its end (llamaspec/api/ownership.py): a stream iterated after `Generator.close()`
 raises UsageError, and a second stream in the same thread is refused while this one is open.
 """
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 from llamaspec.errors import GenerationInterrupted
 
 if TYPE_CHECKING:
-    from llamaspec.context_owner import ContextOwner
+    from llamaspec.api.ownership import ContextOwner
 
 
 class TextStream:

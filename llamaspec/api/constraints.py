@@ -15,7 +15,7 @@ from llamaspec.knobs import bias_ok, bias_refused
 
 if TYPE_CHECKING:
     from llamaspec.openai.tools import ToolPlan
-    from llamaspec.request import Request
+    from llamaspec.api.request import Request
     from llamaspec.runtime.grammar import GrammarSpec
 
 MAX_LOGPROBS = 20   # OpenAI's top_logprobs limit

@@ -16,43 +16,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 from llamaspec.errors import ContextFullError, GenerationInterrupted, LlamaspecError, UsageError  # noqa: F401 (API)
 from llamaspec.knobs import DEFAULT as K, DRAFTING, SAMPLING
-from llamaspec.openai_api import OpenAIMethods
-from llamaspec.request import REQUEST_FIELDS, Prompt, Request, Result, finish_reason  # noqa: F401 (API)
+from llamaspec.api.openai_methods import OpenAIMethods
+from llamaspec.api.preparation import Prepared, Preparation, PromptTooLong  # noqa: F401 (API)
+from llamaspec.api.request import REQUEST_FIELDS, Prompt, Request, Result  # noqa: F401 (API)
 from llamaspec.tune.draft_costs import record_run
 
 if TYPE_CHECKING:
-    from llamaspec.generation_options import GenerationOptions
+    from llamaspec.api.options import GenerationOptions
     from llamaspec.openai.tools import ToolPlan
-    from llamaspec.streaming import TextStream
+    from llamaspec.api.streaming import TextStream
 
 
-class Prepared(NamedTuple):
-    """A request ready to run: its prompt tokens, the engine's config, and the tool plan whose
-    calls its reply is parsed for (None: no tools to call)."""
-
-    tokens: list[int]
-    config: Any
-    tools: "ToolPlan | None"
-
-
-class PromptTooLong(UsageError, ContextFullError):
-    """A prompt longer than the context: `run`'s one-line error (a UsageError; a ContextFullError
-    too, for scripts that caught the engine's). Exit code 1 as run's: the input is wrong."""
-
-    exit_code = ContextFullError.exit_code
-
-
-def prompt_too_long(n_prompt: int, n_ctx: int, given: int | None) -> PromptTooLong:
-    asked = "" if given is None or given == n_ctx else f" (-c {given}, rounded up by llama.cpp)"
-    return PromptTooLong(f"the prompt is {n_prompt:,} tokens, longer than the context of {n_ctx:,} tokens{asked}",
-                         f"raise -c/--ctx-size (ctx_size) to at least {n_prompt + 1:,}, or shorten the prompt")
-
-
-class Generator(OpenAIMethods):
+class Generator(Preparation, OpenAIMethods):
     """Loaded target (and draft) with the options of `llamaspec run`; see the module docstring.
 
     model: a GGUF path or Hub reference (None: the bundled SmolLM2). draft: a path, Hub reference,
@@ -66,7 +45,7 @@ class Generator(OpenAIMethods):
     grammar (GBNF) or json_schema: the constraint of every request that sets none (as run's
     --grammar / -j); a request's own grammar, json_schema or tools replace it.
 
-    One generation at a time uses the models (llamaspec/context_owner.py): a call from another
+    One generation at a time uses the models (llamaspec/api/ownership.py): a call from another
     thread waits for the running one (or open stream) to end; a second open stream in the same
     thread is a UsageError. After close(), every call and every open stream raises UsageError.
     """
@@ -83,8 +62,8 @@ class Generator(OpenAIMethods):
                  chat: bool | None = None, system: str | None = None, offline: bool = False, force_draft: bool = False,
                  search: Sequence[Path] = (), tuned: bool = True, spec_replace: Sequence[tuple[str, str]] = (),
                  grammar: str | None = None, json_schema: dict | str | bool | None = None):
-        from llamaspec.constraints import grammar_of
-        from llamaspec.generation_options import GenerationOptions
+        from llamaspec.api.constraints import grammar_of
+        from llamaspec.api.options import GenerationOptions
         from llamaspec.speculative.sampling_params import SamplingParams
 
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -102,13 +81,13 @@ class Generator(OpenAIMethods):
     def from_options(cls, model: str | Path | None, options: "GenerationOptions", *,
                      tuned: bool = True) -> "Generator":
         """The constructor `run`, `batch` and the server use: the model and one `GenerationOptions`
-        (llamaspec/generation_options.py, built from the flags by cli/_generation.py)."""
+        (llamaspec/api/options.py, built from the flags by cli/_generation.py)."""
         self = cls.__new__(cls)
         self._load(model, options, tuned)
         return self
 
     def _load(self, model: str | Path | None, o: "GenerationOptions", tuned: bool) -> None:
-        from llamaspec.resolve import resolve
+        from llamaspec.api.resolve import resolve
         from llamaspec.runtime import wait_policy
 
         waits = wait_policy.apply(o.threads) or wait_policy.applied()   # before llama.cpp (and OpenMP) loads
@@ -153,10 +132,10 @@ class Generator(OpenAIMethods):
 
             self.pipeline.engine.prompt_cache = PromptCache(o.cache_ram_mib << 20 if o.cache_ram_mib > 0 else 1 << 62)
         if o.grammar is not None:   # a grammar that does not compile: one error now, not one per request
-            from llamaspec.constraints import check_compiles
+            from llamaspec.api.constraints import check_compiles
 
             check_compiles(self.pipeline.target, o.grammar)
-        from llamaspec.context_owner import ContextOwner
+        from llamaspec.api.ownership import ContextOwner
 
         self._owner = ContextOwner(self.pipeline.close)
 
@@ -204,80 +183,12 @@ class Generator(OpenAIMethods):
                 "max_tokens": self.max_tokens, "stop": self.stop, "chat": self.chat, "system": self.system}
 
     # -- generating ----------------------------------------------------------------------------
-    def tokenize(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
-        """Prompt tokens as `run` makes them: the chat template by default when the model has one."""
-        with self._owner.reading():   # close() does not free the model under the tokenizer
-            return self._tokenize(self._pipeline().target, prompt, chat)
-
-    def _tokenize(self, target, prompt: Prompt, chat: bool | None, tools: "ToolPlan | None" = None) -> list[int]:
-        """tools: the plan that renders the request's tools (in the template, or as its fallback)."""
-        from llamaspec.openai.requests import parse_messages   # the one message parser (server, batch too)
-
-        if isinstance(prompt, Request):
-            raise UsageError("tokenize takes the prompt, not a Request", "pass request.prompt")
-        if not isinstance(prompt, str) and not isinstance(prompt, (list, tuple)):
-            raise UsageError(f"prompt must be text or a list of chat messages, not {type(prompt).__name__}", field="prompt")
-        if isinstance(prompt, str):
-            chat = self.chat if chat is None else chat
-            use_chat = chat if chat is not None else target.chat_template is not None
-            if not use_chat:
-                if tools is not None:
-                    raise UsageError("tools need chat mode (the chat template renders them)",
-                                     "drop --raw / chat=False, or send chat messages", field="tools")
-                if self.system:
-                    raise UsageError("--system needs chat mode", "drop --raw, or put the system text in the prompt")
-                return target.tokenize_prompt(prompt)
-            messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
-                {"role": "user", "content": prompt}]
-        else:
-            messages = parse_messages(prompt)
-            if self.system and not any(m.get("role") == "system" for m in messages):
-                messages.insert(0, {"role": "system", "content": self.system})
-        if tools is None:
-            return target.tokenize_prompt(target.chat_prompt(messages))
-        return target.tokenize_prompt(target.chat_prompt(tools.messages(messages), **tools.template_kwargs))
-
-    def _config(self, req: Request, structured=None):
-        """The engine's config for one request: its own settings over the Generator's, validated
-        (SamplingParams and the checks of GenerationOptions; errors name the field). structured:
-        its checked grammar, logit bias and logprobs (constraints.py; made here when not given)."""
-        from llamaspec.constraints import constraints
-        from llamaspec.generation_options import check_max_tokens, check_stop
-
-        overrides = {k: getattr(req, k) for k in Request.SAMPLING if getattr(req, k) is not None}
-        sampling = replace(self.sampling, **overrides) if overrides else self.sampling
-        max_tokens = self.max_tokens if req.max_tokens is None else check_max_tokens(req.max_tokens)
-        stop = list(self.stop if req.stop is None else check_stop(req.stop))
-        pipeline = self._pipeline()
-        if structured is None:
-            structured = constraints(req, pipeline.target, self.generation_options.grammar, self.chat_template)
-        return pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop, ignore_eos=bool(req.ignore_eos),
-                               **structured.config_fields())
-
-    def prepare(self, req: Request, fit: bool = True) -> Prepared:
-        """(tokens, config, tool plan) of a request, or the UsageError that says why it cannot run.
-        The server's preparing threads call it too, with fit=False: it says a prompt is too long its way."""
-        from llamaspec.constraints import constraints
-
-        for name, kind in (("id", str), ("chat", bool)):
-            if getattr(req, name) is not None and not isinstance(getattr(req, name), kind):
-                raise UsageError(f"{name} must be {'a string' if kind is str else 'True or False'} or None, "
-                                 f"not {getattr(req, name)!r}", field=name)
-        with self._owner.reading():   # close() does not free the model meanwhile
-            target = self._pipeline().target
-            structured = constraints(req, target, self.generation_options.grammar, target.chat_template)
-            tokens = self._tokenize(target, req.prompt, req.chat, structured.plan)
-        config = self._config(req, structured)
-        if fit and len(tokens) > self.n_ctx:
-            raise prompt_too_long(len(tokens), self.n_ctx, self.options.n_ctx)
-        return Prepared(tokens, config, structured.plan if structured.calls else None)
-
     def generate(self, prompt: Prompt | Request, *, on_text: Callable[[str, bool, str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None, stream: bool = False,
                  **fields: Any) -> "Result | TextStream":
         """One generation. on_text(piece, from_draft, drafter) streams the text as it comes.
         stream=True returns a `TextStream` instead: iterate it for the text pieces, then read its
-        `result` (llamaspec/streaming.py). Keywords are a `Request`'s (max_tokens, temperature,
+        `result` (llamaspec/api/streaming.py). Keywords are a `Request`'s (max_tokens, temperature,
         seed, stop, json_schema, grammar, logprobs, logit_bias, tools, ...): `generate("Hi",
         temperature=0, max_tokens=8)`; with a Request they override its fields. A prompt longer
         than the context is a UsageError (PromptTooLong)."""
@@ -288,7 +199,7 @@ class Generator(OpenAIMethods):
         req = replace(req, **fields) if fields else req
         tokens, config, tools = self.prepare(req)
         if stream:
-            from llamaspec.streaming import TextStream
+            from llamaspec.api.streaming import TextStream
 
             if should_stop is not None:
                 raise UsageError("should_stop is for generate without stream", "stop iterating the stream instead")
@@ -366,29 +277,9 @@ class Generator(OpenAIMethods):
         self._owner.check()
         yield from failed
 
-    @staticmethod
-    def _failure(key: str, error: LlamaspecError) -> Result:
-        return Result(key, "", [], "error", "error", 0, {}, error)
-
-    def result(self, key: str, gen, tools: "ToolPlan | None" = None) -> Result:
-        """The Result of a finished generation; tools: the plan its calls are parsed with."""
-        from llamaspec.constraints import tool_reply
-        from llamaspec.speculative.report import generation_dict
-
-        stats = generation_dict(gen, spec_type=self.spec_label, draft_model=self.resolved.draft_ref,
-                                model=self.resolved.target_ref)
-        for k in ("text", "tokens", "stop_reason"):
-            stats.pop(k, None)
-        stats["tuned"] = self.tuned   # the stored `tune` configuration applied, or None
-        content, calls, finish = gen.text, None, finish_reason(gen.stop_reason)
-        if tools is not None:
-            content, calls, finish = tool_reply(tools, gen.text, finish)
-        return Result(key, gen.text, gen.tokens, finish, gen.stop_reason, gen.n_prompt, stats,
-                      logprobs=gen.logprobs, tool_calls=calls, content=content)
-
     # -- life cycle ----------------------------------------------------------------------------
     def _pipeline(self):
-        from llamaspec.context_owner import CLOSED
+        from llamaspec.api.ownership import CLOSED
 
         if getattr(self, "pipeline", None) is None or self._owner.closed:
             raise UsageError(*CLOSED)
