@@ -11,7 +11,8 @@ import math
 import jsonschema
 import pytest
 
-from llamaspec.api.constraints import check_logit_bias, check_logprobs, grammar_of
+from llamaspec.api.constraints import check_logit_bias, grammar_of
+from llamaspec.openai.requests import check_fields
 from llamaspec.errors import UsageError
 from llamaspec.runtime.grammar import GrammarError, GrammarSpec
 
@@ -50,7 +51,7 @@ def test_grammar_of_takes_one_of_gbnf_or_schema():
     assert grammar_of(None, True) == grammar_of(None, {})   # any JSON value
     given = GrammarSpec('root ::= "b"', field="response_format")
     assert grammar_of(given, None) is given   # a built spec keeps the field it names
-    with pytest.raises(UsageError, match="give grammar or json_schema, not both"):
+    with pytest.raises(UsageError, match="grammar and json_schema both constrain the output"):
         grammar_of('root ::= "a"', {})
     with pytest.raises(UsageError, match="grammar must be a GBNF grammar"):
         grammar_of("  ", None)
@@ -60,17 +61,22 @@ def test_grammar_of_takes_one_of_gbnf_or_schema():
 
 
 def test_logit_bias_and_logprobs_are_checked_as_openai_does():
-    assert check_logit_bias(None, 10) is None
-    assert check_logit_bias({3: -100, "4": 2.5, 5: -math.inf}, 10) == {3: -100.0, 4: 2.5, 5: -math.inf}
-    for bad, what in (({10: 1}, "not a token id"), ({-1: 1}, "not a token id"), ({"x": 1}, "not a token id"),
-                      ({True: 1}, "not a token id"), ({1: 101}, "from -100 to 100"), ({1: math.nan}, "from -100"),
-                      ({1: math.inf}, "from -100"), ({1: "1"}, "from -100"), ([1], "must map token ids")):
+    """By the one parser (openai/requests.py, every way in), then the ids against the vocabulary."""
+    assert check_fields({"logit_bias": {3: -100, "4": 2.5, 5: -math.inf}})["logit_bias"] == {3: -100.0, 4: 2.5,
+                                                                                          5: -math.inf}
+    for bad, what in (({"x": 1}, "not a token id"), ({True: 1}, "not a token id"), ({1: 101}, "from -100 to 100"),
+                      ({1: math.nan}, "from -100"), ({1: math.inf}, "from -100"), ({1: "1"}, "from -100"),
+                      ([1], "must be an object mapping token ids")):
         with pytest.raises(UsageError, match=what):
+            check_fields({"logit_bias": bad})
+    assert check_logit_bias(None, 10) is None and check_logit_bias({3: -1.0}, 10) == {3: -1.0}
+    for bad in ({10: 1.0}, {-1: 1.0}):
+        with pytest.raises(UsageError, match="not a token id of this model"):
             check_logit_bias(bad, 10)
-    assert check_logprobs(None) is None and check_logprobs(0) == 0 and check_logprobs(20) == 20
+    assert check_fields({}).get("logprobs") is None and check_fields({"logprobs": 20})["logprobs"] == 20
     for bad in (21, -1, True, 2.0, "2"):
         with pytest.raises(UsageError, match="logprobs must be an integer from 0 to 20"):
-            check_logprobs(bad)
+            check_fields({"logprobs": bad})
 
 
 # ---- the CLI's errors: one line naming the flag, exit 2, before any model loads (but the GBNF one)
@@ -91,7 +97,7 @@ def test_flag_errors_are_one_line_naming_the_flag(run_cli, tiny_models, tmp_path
         (("-jf", tmp_path / "bad.json"), "-jf/--json-schema-file is not valid JSON"),
         (("-j", '{"type": "array", "uniqueItems": true}'), "-j/--json-schema: 'uniqueItems' (at schema) is not supported"),
         (("-j", "[1]"), "-j/--json-schema must be a JSON schema object"),
-        (("--grammar", 'root ::= "a"', "-j", "{}"), "--grammar and -j/--json-schema given"),
+        (("--grammar", 'root ::= "a"', "-j", "{}"), "--grammar and -j/--json-schema both constrain the output"),
         (("--json-schema", "{}", "--json-schema-file", tmp_path / "bad.json"), "-j/--json-schema and -jf/"),
     ]
     for args, message in cases:
@@ -231,7 +237,7 @@ def test_generate_with_a_json_schema_validates(gen):
 
 @pytest.mark.real
 def test_request_errors_name_the_field_before_generating(gen):
-    for kw, what in (({"grammar": 'root ::= "a"', "json_schema": {}}, "give grammar or json_schema, not both"),
+    for kw, what in (({"grammar": 'root ::= "a"', "json_schema": {}}, "grammar and json_schema both constrain"),
                      ({"grammar": "root ::= foo"}, "grammar: the grammar does not compile"),
                      ({"json_schema": {"type": "array", "uniqueItems": True}}, "json_schema: 'uniqueItems'"),
                      ({"logit_bias": {49152: -100}}, "logit_bias: 49152 is not a token id"),
@@ -266,7 +272,7 @@ def test_the_generators_grammar_is_the_default_a_requests_own_wins(smollm2_f16):
         assert isinstance(g.chat_template, str)
     with pytest.raises(GrammarError, match="grammar: the grammar does not compile"):
         Generator(smollm2_f16, threads=1, grammar="root ::= foo")
-    with pytest.raises(UsageError, match="not both"):
+    with pytest.raises(UsageError, match="both constrain the output"):
         Generator(smollm2_f16, threads=1, grammar='root ::= "a"', json_schema={})
 
 

@@ -104,7 +104,7 @@ def test_request_models_take_the_default_and_refuse_out_of_range_naming_the_fiel
     ok = k.default if k.default is not None else 7
     assert oa_req.parse_chat({"messages": MESSAGES, name: ok}).fields[name] == ok
     (line,) = parse_requests([json.dumps({"prompt": "x", name: ok})])
-    assert getattr(line, name) == ok
+    assert line.fields[name] == ok
     bad = _bad(k)
     with pytest.raises(UsageError) as python:
         knobs.check(name, bad)
@@ -145,14 +145,17 @@ def test_draft_min_over_draft_max_is_one_rule():
 
 def test_logit_bias_has_one_limit():
     from llamaspec.api.constraints import check_logit_bias
+    from llamaspec.api.preparation import checked
+    from llamaspec.api.request import Request
 
     assert knobs.bias_ok(-knobs.BIAS_LIMIT) and knobs.bias_ok(float("-inf")) and not knobs.bias_ok(knobs.BIAS_LIMIT + 1)
     with pytest.raises(oa_req.RequestError) as http:
         oa_req.parse_chat({"messages": MESSAGES, "logit_bias": {"3": 101}})
-    with pytest.raises(UsageError) as python:
-        check_logit_bias({3: 101}, 10)
+    with pytest.raises(UsageError) as python:   # the Python API's Request: the same parser (check_fields)
+        checked(Request("x", logit_bias={3: 101}))
     assert http.value.message == python.value.message == "logit_bias[3] must be a number from -100 to 100, got 101"
     assert http.value.field == python.value.field == "logit_bias"
+    assert check_logit_bias({3: 1.0}, 10) == {3: 1.0}   # (then only the ids, against the vocabulary)
 
 
 def test_describe_reports_the_table_defaults(tiny_models):

@@ -94,22 +94,39 @@ def test_two_constraints_are_refused_naming_both(a, b):
     ("top_logprobs", {"top_logprobs": 2}, "needs logprobs: true"),
     ("top_logprobs", {"logprobs": True, "top_logprobs": 21}, "0 to 20"),
     ("logprobs", {"logprobs": 2}, "logprobs must be a boolean"),
-    ("tool_choice", {"tool_choice": "required"}, "needs tools"),
-    ("tool_choice", {"tools": TOOLS, "tool_choice": "sometimes"}, 'must be "auto", "none", "required"'),
     ("tools", {"tools": {"type": "function"}}, "tools must be an array, got object"),
     ("parallel_tool_calls", {"tools": TOOLS, "parallel_tool_calls": "yes"}, "must be a boolean"),
-    ("json_schema", {"tools": TOOLS, "json_schema": PERSON}, "tool_choice"),
 ])
 def test_structured_fields_refused_name_the_field(param, fields, words):
     assert words in _refused(param, **fields)
 
 
+def _planned(**fields):
+    """A chat body's fields, then its tools planned and its constraint weighed against them, as
+    every way in prepares a request (api/constraints.py: once, with the chat template)."""
+    from llamaspec.api.constraints import constraints
+    from llamaspec.api.preparation import checked
+
+    return constraints(checked(Request(**_chat(**fields))), None, None, None)
+
+
+@pytest.mark.parametrize("param, fields, words", [
+    ("tool_choice", {"tool_choice": "required"}, "needs tools"),
+    ("tool_choice", {"tools": TOOLS, "tool_choice": "sometimes"}, 'must be "auto", "none", "required"'),
+    ("json_schema", {"tools": TOOLS, "json_schema": PERSON}, "tool_choice"),
+])
+def test_tool_fields_refused_where_the_request_is_prepared_naming_the_field(param, fields, words):
+    with pytest.raises(oa_req.UsageError) as e:
+        _planned(**fields)
+    assert e.value.field == param and words in e.value.message + (e.value.hint or ""), e.value.message
+
+
 def test_tools_are_checked_by_the_tool_planner_naming_the_tool():
-    with pytest.raises(oa_req.RequestError) as e:
-        _chat(tools=[{"type": "function", "function": {"name": "no spaces"}}])
-    assert e.value.param.startswith("tools[0].function.name")
-    with pytest.raises(oa_req.RequestError, match="tool_choice.function.name"):
-        _chat(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "other"}})
+    with pytest.raises(oa_req.UsageError) as e:
+        _planned(tools=[{"type": "function", "function": {"name": "no spaces"}}])
+    assert e.value.field.startswith("tools[0].function.name")
+    with pytest.raises(oa_req.UsageError, match="tool_choice.function.name"):
+        _planned(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "other"}})
 
 
 def test_logprobs_bias_and_tools_map_to_request_fields():
@@ -167,6 +184,6 @@ def test_batch_lines_take_the_same_fields_in_both_forms():
     bad_line = json.dumps({"id": "c", "prompt": "x", "guided_choice": ["a"], "grammar": 'root ::= "a"'})
     a, b, c = parse_requests([openai_line, plain_line, bad_line])
     for r in (a, b):
-        assert r.structured["grammar"].gbnf == grammar_from_schema(PERSON).gbnf
-        assert (r.structured["logprobs"], r.structured["logit_bias"]) == (1, {5: -100.0})
+        assert r.fields["grammar"].gbnf == grammar_from_schema(PERSON).gbnf
+        assert (r.fields["logprobs"], r.fields["logit_bias"]) == (1, {5: -100.0})
     assert isinstance(c, LineError) and c.param == "guided_choice" and "grammar" in c.message

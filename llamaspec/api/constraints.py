@@ -8,29 +8,24 @@ a grammar is compiled once against the target here, so a bad one never reaches t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from llamaspec.errors import UsageError
-from llamaspec.knobs import bias_ok, bias_refused
 
 if TYPE_CHECKING:
     from llamaspec.openai.tools import ToolPlan
     from llamaspec.api.request import Request
     from llamaspec.runtime.grammar import GrammarSpec
 
-MAX_LOGPROBS = 20   # OpenAI's top_logprobs limit
-
 
 def grammar_of(grammar: Any, json_schema: Any, *, grammar_field: str = "grammar",
                schema_field: str = "json_schema") -> "GrammarSpec | None":
     """The GrammarSpec of a GBNF text (or a GrammarSpec as is) or a JSON schema; None when neither.
     Both given is a UsageError; a schema the grammar engine cannot enforce a GrammarError naming its field."""
+    from llamaspec.openai.response_format import one_constraint
     from llamaspec.runtime.grammar import GrammarSpec, grammar_from_schema
 
-    if grammar is not None and json_schema is not None:
-        raise UsageError(f"give {grammar_field} or {schema_field}, not both",
-                         f"a JSON schema is a grammar already: keep {schema_field}, or write it all as GBNF",
-                         field=schema_field)
+    one_constraint([n for n, v in ((grammar_field, grammar), (schema_field, json_schema)) if v is not None])
     if isinstance(grammar, GrammarSpec):
         return grammar
     if grammar is not None:
@@ -61,37 +56,14 @@ def check_compiles(target, spec: "GrammarSpec") -> None:
         raise
 
 
-def check_logit_bias(bias: Any, n_vocab: int, name: str = "logit_bias") -> dict[int, float] | None:
-    """{token id: bias} with ids in the vocabulary and biases in -100..100 (OpenAI's range; -100
-    bans, -inf too); keys may be id strings, as JSON gives them."""
-    if bias is None:
-        return None
-    if not isinstance(bias, Mapping):
-        raise UsageError(f"{name} must map token ids to biases, not {type(bias).__name__}", '{"15339": -100}',
-                         field=name)
-    out: dict[int, float] = {}
-    for key, value in bias.items():
-        tok = key if isinstance(key, int) and not isinstance(key, bool) else None
-        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
-            tok = int(key)
-        if tok is None or not 0 <= tok < n_vocab:
-            raise UsageError(f"{name}: {key!r} is not a token id of this model (0 to {n_vocab - 1})",
+def check_logit_bias(bias: dict[int, float] | None, n_vocab: int, name: str = "logit_bias") -> dict[int, float] | None:
+    """A parsed logit_bias (openai/requests.py checked its ids and biases: one check for every way
+    in) with every id in this model's vocabulary."""
+    for tok in bias or ():
+        if not 0 <= tok < n_vocab:
+            raise UsageError(f"{name}: {tok} is not a token id of this model (0 to {n_vocab - 1})",
                              "tokenize the text to find its ids", field=name)
-        if not bias_ok(value):
-            raise UsageError(bias_refused(name, key, repr(value)), "-100 bans the token, 100 all but forces it",
-                             field=name)
-        out[tok] = float(value)
-    return out or None
-
-
-def check_logprobs(n: Any, name: str = "logprobs") -> int | None:
-    """The number of alternatives per token (0-20), or None (no logprobs)."""
-    if n is None:
-        return None
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_LOGPROBS:
-        raise UsageError(f"{name} must be an integer from 0 to {MAX_LOGPROBS} (alternatives per token), not {n!r}",
-                         "0 gives each token's own logprob only", field=name)
-    return n
+    return bias or None
 
 
 @dataclass(frozen=True)
@@ -115,10 +87,11 @@ class Constraints:
 
 
 def constraints(req: "Request", target, default: "GrammarSpec | None", template: str | None) -> Constraints:
-    """Check a request's grammar, json_schema, logit_bias, logprobs and tools against the target
-    (a runtime Model); `default` is the Generator's grammar (--grammar, -j), used when the request
-    sets none and offers no tools to call; `template` is the chat template the tools render with."""
-    own = grammar_of(req.grammar, req.json_schema)
+    """A checked request's (api/preparation.py `checked`: its grammar one GrammarSpec) grammar,
+    logit_bias and tools against the target (a runtime Model): the grammar compiled, the bias ids
+    in the vocabulary, the tools planned; `default` is the Generator's grammar (--grammar, -j),
+    used when the request sets none and offers no tools to call; `template` renders the tools."""
+    own = req.grammar
     plan = None
     if req.tools is not None or req.tool_choice is not None or req.parallel_tool_calls is not None:
         from llamaspec.openai.tools import plan_tools
@@ -132,7 +105,7 @@ def constraints(req: "Request", target, default: "GrammarSpec | None", template:
     spec = own if own is not None else plan.grammar if calls else default
     if spec is not None and spec is not default:   # (the default was compiled when the Generator loaded)
         check_compiles(target, spec)
-    return Constraints(spec, check_logit_bias(req.logit_bias, target.n_vocab), check_logprobs(req.logprobs),
+    return Constraints(spec, check_logit_bias(req.logit_bias, target.n_vocab), req.logprobs,
                        plan, calls)
 
 

@@ -44,6 +44,27 @@ def prompt_too_long(n_prompt: int, n_ctx: int, given: int | None) -> PromptTooLo
                          f"raise -c/--ctx-size (ctx_size) to at least {n_prompt + 1:,}, or shorten the prompt")
 
 
+#: a Request's fields that the one parser checks (openai/requests.py: as a body's, same messages)
+CHECKED = ("max_tokens", *Request.SAMPLING, "stop", "ignore_eos", "logit_bias", "grammar", "json_schema", "logprobs")
+
+
+def checked(req: Request) -> Request:
+    """The Request with its fields as the server's parser checks and reads them (its RequestError
+    naming the field): max_tokens -1 as no limit, an empty stop list as none of its own, grammar
+    or json_schema as one GrammarSpec in `grammar`. A GrammarSpec given as grammar is kept."""
+    from llamaspec.openai.requests import check_fields
+    from llamaspec.openai.response_format import one_constraint
+    from llamaspec.runtime.grammar import GrammarSpec
+
+    spec = req.grammar if isinstance(req.grammar, GrammarSpec) else None
+    given = {k: getattr(req, k) for k in CHECKED if getattr(req, k) is not None and getattr(req, k) is not spec}
+    fields = dict(json_schema=None, logit_bias=None, ignore_eos=False, logprobs=None, grammar=spec)
+    fields.update(check_fields(given))
+    if spec is not None and fields["grammar"] is not spec:
+        one_constraint([spec.field or "grammar", fields["grammar"].field or "json_schema"])
+    return replace(req, **fields)
+
+
 class Preparation:
     """Generator's preparing and result-making methods (see the module docstring)."""
 
@@ -80,20 +101,14 @@ class Preparation:
             return target.tokenize_prompt(target.chat_prompt(messages))
         return target.tokenize_prompt(target.chat_prompt(tools.messages(messages), **tools.template_kwargs))
 
-    def _config(self, req: Request, structured=None):
-        """The engine's config for one request: its own settings over the Generator's, validated
-        (SamplingParams and the checks of GenerationOptions; errors name the field). structured:
-        its checked grammar, logit bias and logprobs (constraints.py; made here when not given)."""
-        from llamaspec.api.constraints import constraints
-        from llamaspec.api.options import check_max_tokens, check_stop
-
+    def _config(self, req: Request, structured):
+        """The engine's config for one checked request (`checked`): its own settings over the
+        Generator's. structured: its grammar, logit bias and logprobs against the model (constraints.py)."""
         overrides = {k: getattr(req, k) for k in Request.SAMPLING if getattr(req, k) is not None}
         sampling = replace(self.sampling, **overrides) if overrides else self.sampling
-        max_tokens = self.max_tokens if req.max_tokens is None else check_max_tokens(req.max_tokens)
-        stop = list(self.stop if req.stop is None else check_stop(req.stop))
+        max_tokens = self.max_tokens if req.max_tokens is None else req.max_tokens
+        stop = list(self.stop if req.stop is None else req.stop)
         pipeline = self._pipeline()
-        if structured is None:
-            structured = constraints(req, pipeline.target, self.generation_options.grammar, self.chat_template)
         return pipeline.config(max_tokens=max_tokens, sampling=sampling, stop=stop, ignore_eos=bool(req.ignore_eos),
                                **structured.config_fields())
 
@@ -106,6 +121,7 @@ class Preparation:
             if getattr(req, name) is not None and not isinstance(getattr(req, name), kind):
                 raise UsageError(f"{name} must be {'a string' if kind is str else 'True or False'} or None, "
                                  f"not {getattr(req, name)!r}", field=name)
+        req = checked(req)
         with self._owner.reading():   # close() does not free the model meanwhile
             target = self._pipeline().target
             structured = constraints(req, target, self.generation_options.grammar, target.chat_template)

@@ -6,9 +6,13 @@ reads INPUT (`read_input`), parses it (`parse_requests`), checks that OUTPUT bel
 the same settings (`check_or_write_manifest`), skips what OUTPUT holds (`OutputFile.done_ids`)
 and appends one record per request (`result_record` / `error_record`). INPUT lines are
 llamaspec's form or, when they have "custom_id" or "body", the OpenAI batch form (vLLM's
-`run-batch`, OpenAI's Batch API). Unknown keys are ignored, except in an OpenAI body the fields
-that ask for what the engine cannot do (`n` > 1, `logprobs`, `tools`, ...: `openai.unsupported.UNSUPPORTED`, the server's list), which
-make the line a failed record naming the field rather than be dropped silently:
+`run-batch`, OpenAI's Batch API). Both forms are parsed by the server's parser
+(openai/requests.py): the same fields, verdicts and messages as an HTTP body. Unknown keys are
+ignored, except in an OpenAI body the fields that ask for what the engine cannot do (`n` > 1,
+...: `openai.unsupported.UNSUPPORTED`, the server's list), which make the line a failed record
+naming the field rather than be dropped silently (a llamaspec line's keys may be a dataset's own
+columns: all ignored). A llamaspec line with messages is a chat body; with a prompt, a completion
+body whose text takes the job's --chat/--raw:
 
     {"id": "q1", "prompt": "Hi", "max_tokens": 8, "temperature": 0, "seed": 1, "stop": "\\n",
      "top_p": 0.9, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1, "presence_penalty": 0.5,
@@ -20,10 +24,8 @@ make the line a failed record naming the field rather than be dropped silently:
 Worked example:
 
 >>> items = parse_requests(['{"id": 7, "prompt": "Hi", "stop": "."}', '', '{"prompt": 3}'])
->>> items[0]  # doctest: +NORMALIZE_WHITESPACE
-Request(id='7', line=1, prompt='Hi', messages=None, max_tokens=None, temperature=None,
-        seed=None, stop=['.'], top_p=None, openai=None, top_k=None, min_p=None,
-        repeat_penalty=None, presence_penalty=None, frequency_penalty=None, structured={})
+>>> items[0].id, items[0].fields["prompt"], items[0].fields["stop"], items[0].fields["chat"]
+('7', 'Hi', ['.'], None)
 >>> items[1]  # doctest: +NORMALIZE_WHITESPACE
 LineError(id='line-3', line=3, message='prompt must be a string, got number', openai=None,
           param='prompt')
@@ -35,12 +37,11 @@ import codecs
 import json
 import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import IO, Any, Iterable
 
-from llamaspec import knobs
 from llamaspec.openai import requests as oa_req
-from llamaspec.errors import InputError, UsageError
+from llamaspec.errors import InputError
 from llamaspec.openai.fields import jtype
 
 __all__ = ["Request", "LineError", "parse_requests", "read_input", "CHAT", "COMPLETIONS"]
@@ -53,26 +54,14 @@ _UNKNOWN = "?"  # the form of a line too broken to tell; parse_requests gives it
 @dataclass
 class Request:
     """One request to run. `openai` is None (llamaspec's form) or "chat" / "completions" (the
-    OpenAI url it came with): it decides the shape of its OUTPUT record. Exactly one of `prompt`
-    and `messages` is set; messages are [{"role", "content"}] with string content. A None
-    sampling field means the job's default."""
+    OpenAI url it came with): it decides the shape of its OUTPUT record. `fields` are the engine
+    Request's keyword arguments (prompt, chat, max_tokens, temperature, ..., grammar), as the
+    server's parser gives them (openai/requests.py); a field left out is the job's default."""
 
     id: str
     line: int
-    prompt: str | None
-    messages: list[dict] | None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    top_p: float | None = None
+    fields: dict
     openai: str | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    structured: dict = field(default_factory=dict)   # grammar, logprobs, tools, ... (openai.requests.STRUCTURED)
 
 
 @dataclass
@@ -96,58 +85,36 @@ class _Bad(Exception):
         self.param = param
 
 
-def _openai_checked(call, *args):
-    """llamaspec.openai.requests' parsers (the ones `serve` uses), their RequestError as this line's error."""
-    try:
-        return call(*args)
-    except oa_req.RequestError as e:
-        raise _Bad(e.message, e.param) from None
-
-
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")  # Python's json takes NaN/Infinity; JSON does not
 
 
-def _knob(d: dict, key: str, name: str | None = None, low: int | None = None) -> Any:
-    """A knob's value (None: absent, the job's default), by the knob table's one check
-    (knobs.check: the same verdict and wording as the server's); `name`: the knob `key` is
-    (max_completion_tokens is max_tokens); `low`: a batch line's own lower bound."""
-    v = d.get(key)
-    if v is None:
-        return None
-    try:
-        v = knobs.check(name or key, v, key, low=low)
-    except UsageError as e:
-        raise _Bad(e.message, key) from None
-    return float(v) if knobs.KNOBS[name or key].kind is float else v
-
-
 def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
-    """The fields both forms share (`d` is the line, or the OpenAI body; unknown keys ignored)."""
+    """A line (`d`: the line, or the OpenAI body) by the server's parser: an OpenAI body as the
+    server parses its url's body (unknown keys ignored, unsupported.py's refused); a llamaspec
+    line as a chat body when it has messages, else as a completion body whose prompt takes the
+    job's chat setting (unknown keys ignored: a dataset's own columns ride along)."""
     prompt, messages = d.get("prompt"), d.get("messages")
     if openai == CHAT and messages is None:
         raise _Bad("body has no messages (url /v1/chat/completions)")
     if openai == COMPLETIONS and prompt is None:
         raise _Bad("body has no prompt (url /v1/completions)")
-    if (prompt is None) == (messages is None):
+    if openai is None and (prompt is None) == (messages is None):
         raise _Bad('give "prompt" or "messages", not both' if prompt is not None
                    else 'no "prompt" or "messages"')
-    if prompt is not None and not isinstance(prompt, str):
-        raise _Bad(f"prompt must be a string, got {jtype(prompt)}", "prompt")
-    max_tokens, max_completion = _knob(d, "max_tokens", low=1), _knob(d, "max_completion_tokens", "max_tokens", 1)
-    if None not in (max_tokens, max_completion) and max_tokens != max_completion:
-        raise _Bad(f"max_tokens ({max_tokens}) and max_completion_tokens ({max_completion}) differ",
-                   "max_tokens")
-    if openai is not None:
-        _openai_checked(oa_req.check_unsupported, d)
-        if d.get("stream"):   # a batch record is one response, not a stream
-            raise _Bad("stream is not supported in a batch job (got true)", "stream")
-    return Request(rid, line, prompt, None if messages is None else _openai_checked(oa_req.parse_messages, messages),
-                   max_completion if max_completion is not None else max_tokens,
-                   _knob(d, "temperature"), _knob(d, "seed"), _openai_checked(oa_req.parse_stop, d.get("stop")),
-                   _knob(d, "top_p"), openai, _knob(d, "top_k"), _knob(d, "min_p"), _knob(d, "repeat_penalty"),
-                   _knob(d, "presence_penalty"), _knob(d, "frequency_penalty"),
-                   _openai_checked(oa_req.structured_fields, d, messages is not None))
+    if openai is not None and d.get("stream"):   # a batch record is one response, not a stream
+        raise _Bad("stream is not supported in a batch job (got true)", "stream")
+    chat = openai == CHAT if openai is not None else messages is not None
+    if openai is None:
+        d = {k: v for k, v in d.items() if k not in ("prompt", "messages")} | (
+            {"messages": messages} if chat else {"prompt": prompt})
+    try:
+        fields = oa_req.parse_body(d, oa_req.CHAT if chat else oa_req.COMPLETION, unsupported=openai is not None).fields
+    except oa_req.RequestError as e:
+        raise _Bad(e.message, e.param) from None
+    if openai is None and not chat:
+        fields["chat"] = None   # a llamaspec line's text prompt: the job's --chat / --raw decides
+    return Request(rid, line, fields, openai)
 
 
 def _parse_line(text: str | bytes, line: int) -> Request | LineError:

@@ -189,10 +189,9 @@ def grammar_flags(grammar: str | None, grammar_file: Path | None, json_schema: s
     before any model loads; a GBNF grammar compiles when the model is loaded (it needs the vocabulary)."""
     given = {name: value for name, value in zip(GRAMMAR_FLAGS, (grammar, grammar_file, json_schema, json_schema_file))
              if value is not None}
-    if len(given) > 1:
-        a, b = (GRAMMAR_FLAGS[n] for n in list(given)[:2])
-        raise UsageError(f"{a} and {b} given: the output takes one grammar",
-                         "keep one of --grammar, --grammar-file, -j/--json-schema, -jf/--json-schema-file")
+    from llamaspec.openai.response_format import one_constraint
+
+    one_constraint([GRAMMAR_FLAGS[n] for n in given])
     if not given:
         return None
     from llamaspec.runtime.grammar import GrammarSpec, grammar_from_schema

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from llamaspec import knobs
 from llamaspec.cli._generation import generation_flags
 from llamaspec.cli._options import at_least, draft_size_warning, ngram_flags, output_flags
 from llamaspec.cli._output import Output
@@ -118,7 +117,7 @@ def batch(
                         out.warn(f"line {item.line}: {item.message}")
                 requests = {r.id: r for r in todo if isinstance(r, io.Request)}
                 try:
-                    for res in g.generate_many((_engine_request(Request, r, io.COMPLETIONS) for r in requests.values()),
+                    for res in g.generate_many((_engine_request(Request, r) for r in requests.values()),
                                                parallel=parallel):
                         req = requests[res.id]
                         if res.error is not None:
@@ -167,17 +166,15 @@ def _prewarm_compiles(model: str | None, items, request_type) -> None:
     from llamaspec.runtime import grammar_worker
 
     if not grammar_worker.sandboxed() or not any(
-            isinstance(it, request_type) and ({"grammar", "tools"} & set(it.structured)) for it in items):
+            isinstance(it, request_type) and it.fields.keys() & {"grammar", "tools"} for it in items):
         return
     path = Path(model) if model else None
     grammar_worker.prewarm(path if path is not None and path.is_file() else None)
 
 
-def _engine_request(request_type, r, completions: str):
-    """The engine's Request for a parsed line (its per-request settings are validated there)."""
-    return request_type(r.prompt if r.messages is None else r.messages, id=r.id, max_tokens=r.max_tokens,
-                        stop=r.stop or None, chat=False if r.openai == completions else None,
-                        **{k: getattr(r, k) for k in knobs.PER_REQUEST}, **r.structured)
+def _engine_request(request_type, r):
+    """The engine's Request for a parsed line (its fields checked by the server's parser)."""
+    return request_type(**r.fields, id=r.id)
 
 
 @contextmanager

@@ -25,13 +25,14 @@ from llamaspec.errors import UsageError
 from llamaspec.openai import response_format as rf
 from llamaspec.openai.fields import (CHAT, COMPLETION, MAX_STOP_BYTES, MAX_STOPS, NO_LIMIT, RequestError, jtype,
                                      parse_stop, shown)
-from llamaspec.openai.messages import Message, Refused, checked_int, strict, to_request_error
+from llamaspec.openai.messages import Message, Refused, strict, to_request_error
 from llamaspec.openai.unsupported import unsupported_field
 
-__all__ = ["CHAT", "COMPLETION", "MAX_STOPS", "MAX_STOP_BYTES", "NO_LIMIT", "ChatBody", "CompletionBody", "Parsed",
-           "RequestError", "jtype", "parse_chat", "parse_completion", "parse_messages", "parse_stop"]
+__all__ = ["CHAT", "COMPLETION", "MAX_TOKENS", "MAX_STOPS", "MAX_STOP_BYTES", "NO_LIMIT", "ChatBody", "CompletionBody", "Parsed",
+           "RequestError", "RequestFields", "check_fields", "jtype", "parse_body", "parse_chat", "parse_completion", "parse_messages", "parse_stop"]
 
-Int64 = Annotated[Optional[int], BeforeValidator(checked_int)]
+#: a token limit's names, first wins: OpenAI's newer (chat), its older, llama-server's
+MAX_TOKENS = ("max_completion_tokens", "max_tokens", "n_predict")
 
 
 def _stop(v: Any) -> Any:
@@ -65,22 +66,20 @@ class StreamOptions(BaseModel):
     include_usage: Annotated[Optional[bool], BeforeValidator(strict(bool, "a boolean"))] = None
 
 
-class _Body(BaseModel):
-    """The fields both endpoints take. Unknown fields are ignored (clients send many), except
-    the ones unsupported.py lists, which would change the output."""
+class Fields(BaseModel):
+    """What to generate and how, as every way in gives it: HTTP bodies (below), batch lines of both
+    forms (batch/requests.py) and the Python API's Request (api/preparation.py) are checked here,
+    by these validators: one verdict and one message per field. Bounds only: a grammar is compiled
+    against the model later (api/constraints.py, in serve's preparing threads). Unknown fields are
+    left to the entrance (a body ignores them, but unsupported.py's; a Request has none)."""
 
     model_config = ConfigDict(extra="allow")
 
-    model: Annotated[Optional[str], BeforeValidator(strict(str, "a string"))] = None
-    user: Annotated[Optional[str], BeforeValidator(strict(str, "a string"))] = None
-    metadata: Annotated[Optional[dict], BeforeValidator(strict(dict, "an object"))] = None
-    store: Annotated[Optional[bool], BeforeValidator(strict(bool, "a boolean"))] = None
-    stream: Annotated[Optional[bool], BeforeValidator(strict(bool, "a boolean"))] = None
-    stream_options: Annotated[Optional[StreamOptions], BeforeValidator(strict(dict, "an object"))] = None
-    # max_completion_tokens is the newer name (chat) and wins; llama-server's n_predict comes last
-    max_completion_tokens: Int64 = None
-    max_tokens: Int64 = None
-    n_predict: Int64 = None
+    # max_completion_tokens is the newer name (chat) and wins; llama-server's n_predict comes last.
+    # All three: the knob table's max_tokens (-1: no limit), one rule everywhere.
+    max_completion_tokens: Optional[int] = None
+    max_tokens: Optional[int] = None
+    n_predict: Optional[int] = None
     # the sampling knobs (knobs.PER_REQUEST): checked by the knob table's one check (_knob below)
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -101,28 +100,24 @@ class _Body(BaseModel):
     guided_grammar: Annotated[Optional[str], BeforeValidator(strict(str, "a string (a GBNF grammar)"))] = None
     guided_choice: Annotated[Optional[list[str]], BeforeValidator(rf.choices)] = None
 
-    @field_validator(*knobs.PER_REQUEST, mode="before")
+    @field_validator(*knobs.PER_REQUEST, *MAX_TOKENS, mode="before")
     @classmethod
     def _knob(cls, v: Any, info: ValidationInfo) -> Any:
-        """A sampling field, by the knob table's type and range (knobs.check): the refusal names it."""
+        """A knob's field, by the knob table's type and range (knobs.check): the refusal names it."""
         if v is None:
             return None
+        name = "max_tokens" if info.field_name in MAX_TOKENS else info.field_name
         try:
-            v = knobs.check(info.field_name, v)
+            v = knobs.check(name, v, info.field_name)
         except UsageError as e:
-            raise Refused(e.message, whole=True, param=e.field) from None
-        return v if knobs.KNOBS[info.field_name].kind is int else float(v)
+            raise Refused(e.message, whole=True, param=info.field_name) from None
+        return v if knobs.KNOBS[name].kind is int else float(v)
 
     def common_fields(self) -> dict[str, Any]:
-        """Request keyword arguments of the fields both endpoints share."""
-        key = next((k for k in ("max_completion_tokens", "max_tokens", "n_predict") if getattr(self, k) is not None),
-                   "max_tokens")
-        max_tokens = getattr(self, key)
-        if key == "n_predict" and max_tokens == -1:   # llama-server's "until the end or a full context"
+        """Request keyword arguments of the fields every way in shares."""
+        max_tokens = next((getattr(self, k) for k in MAX_TOKENS if getattr(self, k) is not None), None)
+        if max_tokens == -1:   # llama.cpp's -n -1: until the end or a full context
             max_tokens = NO_LIMIT
-        if max_tokens is not None and max_tokens < 0:
-            raise RequestError(f"{key} must be >= 0{' (or -1: no limit)' if key == 'n_predict' else ''}, "
-                               f"got {max_tokens}", key)
         # An empty stop list is no stop of the request's own: the server's --stop default applies.
         req = dict(max_tokens=max_tokens, stop=self.stop or None, **{k: getattr(self, k) for k in knobs.PER_REQUEST})
         if self.ignore_eos:   # llama-server's: generate past end-of-generation
@@ -133,6 +128,18 @@ class _Body(BaseModel):
         if grammar is not None:
             req["grammar"] = grammar
         return req
+
+
+class _Body(Fields):
+    """The fields both endpoints take. Unknown fields are ignored (clients send many), except
+    the ones unsupported.py lists, which would change the output."""
+
+    model: Annotated[Optional[str], BeforeValidator(strict(str, "a string"))] = None
+    user: Annotated[Optional[str], BeforeValidator(strict(str, "a string"))] = None
+    metadata: Annotated[Optional[dict], BeforeValidator(strict(dict, "an object"))] = None
+    store: Annotated[Optional[bool], BeforeValidator(strict(bool, "a boolean"))] = None
+    stream: Annotated[Optional[bool], BeforeValidator(strict(bool, "a boolean"))] = None
+    stream_options: Annotated[Optional[StreamOptions], BeforeValidator(strict(dict, "an object"))] = None
 
     def _parsed(self, kind: str, req: dict) -> Parsed:
         opts = self.stream_options
@@ -157,14 +164,8 @@ class ChatBody(_Body):
         if self.logprobs:
             req["logprobs"] = self.top_logprobs or 0
         if self.tools is not None or self.tool_choice is not None or self.parallel_tool_calls is not None:
-            from llamaspec.openai.tools import plan_tools   # (its checks now: a 400 before any work)
-
-            plan_tools(self.tools, self.tool_choice, self.parallel_tool_calls, None)
+            # planned (checked) once, against the chat template, where every way in prepares (api/constraints.py)
             req.update(tools=self.tools, tool_choice=self.tool_choice, parallel_tool_calls=self.parallel_tool_calls)
-            if self.tools and self.tool_choice != "none" and "grammar" in req:
-                given = rf.given(self)[0]
-                raise RequestError(f"{given} cannot constrain a reply that may call tools: drop it, or set "
-                                   'tool_choice "none"', given)
         return req
 
 
@@ -181,15 +182,36 @@ class CompletionBody(_Body):
         return req
 
 
-def _parse(body: Any, model: type[ChatBody] | type[CompletionBody], kind: str) -> Parsed:
+class RequestFields(Fields):
+    """The Python API's Request (api/request.py): the shared fields, logprobs a count 0-20."""
+
+    logprobs: Annotated[Optional[int], BeforeValidator(rf.count(20))] = None
+
+
+def check_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """A Python Request's given fields, checked as a body's are (RequestError naming the field)
+    -> Request keyword arguments: max_tokens, the knobs, stop (None: none of its own), and when
+    set ignore_eos, logit_bias, grammar (a GrammarSpec of grammar or json_schema) and logprobs."""
+    try:
+        parsed = RequestFields.model_validate(values)
+    except ValidationError as e:
+        raise to_request_error(e) from None
+    out = parsed.common_fields()
+    if parsed.logprobs is not None:
+        out["logprobs"] = parsed.logprobs
+    return out
+
+
+def parse_body(body: Any, kind: str, unsupported: bool = True) -> Parsed:
+    """A body of endpoint `kind` (CHAT or COMPLETION) -> Parsed, or a RequestError naming the
+    field. unsupported: refuse unsupported.py's fields (False: a llamaspec batch line, whose
+    unknown keys are a dataset's own)."""
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {jtype(body)}")
-    refused = unsupported_field(body)
-    if refused is not None:
-        key, why = refused
-        raise RequestError(f"{key} is not supported (got {shown(body[key])}): {why}", key)
+    if unsupported:
+        check_unsupported(body)
     try:
-        parsed = model.model_validate(body)
+        parsed = (ChatBody if kind == CHAT else CompletionBody).model_validate(body)
     except ValidationError as e:
         raise to_request_error(e) from None
     return parsed._parsed(kind, parsed.fields())
@@ -197,12 +219,12 @@ def _parse(body: Any, model: type[ChatBody] | type[CompletionBody], kind: str) -
 
 def parse_chat(body: Any) -> Parsed:
     """A /v1/chat/completions body -> Parsed (RequestError naming the field when it is refused)."""
-    return _parse(body, ChatBody, CHAT)
+    return parse_body(body, CHAT)
 
 
 def parse_completion(body: Any) -> Parsed:
     """A /v1/completions body -> Parsed (the prompt is raw text: no chat template)."""
-    return _parse(body, CompletionBody, COMPLETION)
+    return parse_body(body, COMPLETION)
 
 
 def check_unsupported(body: dict) -> None:
@@ -219,20 +241,3 @@ def parse_messages(v: Any) -> list[dict]:
         return [m.as_dict() for m in ChatBody.model_validate({"messages": v}).messages]
     except ValidationError as e:
         raise to_request_error(e) from None
-
-
-#: Request fields of a body's constraint, logprobs, bias and tools (what batch lines add to theirs)
-STRUCTURED = ("grammar", "logit_bias", "logprobs", "tools", "tool_choice", "parallel_tool_calls")
-_STRUCTURED_KEYS = (*STRUCTURED, "top_logprobs", "response_format", "json_schema", "guided_json", "guided_grammar",
-                    "guided_choice")
-
-
-def structured_fields(body: dict, chat: bool) -> dict[str, Any]:
-    """The STRUCTURED Request fields of a body, parsed as /v1/chat/completions (chat) or
-    /v1/completions parse them (batch lines of either form: the same fields, the same errors)."""
-    probe = {k: body[k] for k in _STRUCTURED_KEYS if k in body}
-    if not probe:
-        return {}
-    fields = (parse_chat({**probe, "messages": [{"role": "user", "content": ""}]}) if chat
-              else parse_completion({**probe, "prompt": ""})).fields
-    return {k: fields[k] for k in STRUCTURED if fields.get(k) is not None}

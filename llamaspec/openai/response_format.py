@@ -134,6 +134,13 @@ def given(body: Any) -> list[str]:
     return out
 
 
+def one_constraint(names: list[str]) -> None:
+    """The one rule of every way in (a body's fields, a batch line, a Request, run's flags, spelled
+    as each names them): the output takes at most one constraint."""
+    if len(names) > 1:
+        raise RequestError(f"{names[0]} and {names[1]} both constrain the output: give one of them", names[1])
+
+
 def constraint(body: Any) -> "GrammarSpec | None":
     """The GrammarSpec of a body's one constraint (None: none); two given is a RequestError naming
     both, a schema the engine refuses one naming its field."""
@@ -141,8 +148,7 @@ def constraint(body: Any) -> "GrammarSpec | None":
     from llamaspec.runtime.grammar_bounds import check_gbnf
 
     names = given(body)
-    if len(names) > 1:
-        raise RequestError(f"{names[0]} and {names[1]} both constrain the output: give one of them", names[1])
+    one_constraint(names)
     if not names:
         return None
     name, v = names[0], getattr(body, names[0])
