@@ -94,10 +94,13 @@ def test_the_server_bodies_are_400s_naming_the_field():
 
 def test_batch_lines_and_the_python_api_share_the_bounds():
     from llamaspec.api.constraints import grammar_of
-    from llamaspec.openai.requests import structured_fields
+    from llamaspec.batch.requests import LineError, parse_requests
+    from llamaspec.openai.requests import check_fields
 
+    (line,) = parse_requests([json.dumps({"prompt": "x", "json_schema": HOSTILE["100000 enum values"]})])
+    assert isinstance(line, LineError) and line.param == "json_schema"
     with pytest.raises(RequestError) as e:
-        structured_fields({"json_schema": HOSTILE["100000 enum values"]}, chat=False)
+        check_fields({"json_schema": HOSTILE["100000 enum values"]})
     assert e.value.param == "json_schema"
     with pytest.raises(GrammarError, match="nests"):
         grammar_of("root ::= " + "(" * 60_000 + '"a"' + ")" * 60_000, None)
@@ -110,15 +113,24 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
 
 
 def test_malformed_tool_fields_are_400s_naming_the_field():
-    msgs = [{"role": "user", "content": "hi"}]
-    with pytest.raises(RequestError) as e:
-        parse_chat({"messages": msgs, "tools": [TOOL], "tool_choice": {"type": "function", "function": "get_weather"}})
-    assert e.value.param == "tool_choice.function"
+    """Planned where every way in prepares a request (api/constraints.py; serve answers its UsageError 400)."""
+    from llamaspec.api.constraints import constraints
+    from llamaspec.api.preparation import checked
+    from llamaspec.api.request import Request
+    from llamaspec.errors import UsageError
+
+    def prepared(**body):
+        return constraints(checked(Request(**parse_chat({"messages": [{"role": "user", "content": "hi"}], **body}).fields)),
+                           None, None, None)
+
+    with pytest.raises(UsageError) as e:
+        prepared(tools=[TOOL], tool_choice={"type": "function", "function": "get_weather"})
+    assert e.value.field == "tool_choice.function"
     bad = {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": "string"}}}}
-    with pytest.raises(RequestError) as e:
-        parse_chat({"messages": msgs, "tools": [bad]})
-    assert e.value.param == "tools[0].function.parameters" and "properties.city" in e.value.message
+    with pytest.raises(UsageError) as e:
+        prepared(tools=[bad])
+    assert e.value.field == "tools[0].function.parameters" and "properties.city" in e.value.message
 
 
 @pytest.mark.parametrize("schema", [

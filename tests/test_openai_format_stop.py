@@ -32,8 +32,8 @@ def _every_way(stop) -> dict[str, object]:
     return {"parse_stop": oa_req.parse_stop(stop),
             "chat body": oa_req.parse_chat({"messages": MSG, "stop": stop}).fields["stop"] or [],
             "completion body": oa_req.parse_completion({"prompt": "x", "stop": stop}).fields["stop"] or [],
-            "batch line": _line(stop, "plain").stop,
-            "batch OpenAI body": _line(stop, "openai").stop,
+            "batch line": _line(stop, "plain").fields["stop"] or [],
+            "batch OpenAI body": _line(stop, "openai").fields["stop"] or [],
             "check_stop": list(check_stop(stop)),
             "GenerationOptions": list(GenerationOptions(stop=stop).stop)}
 

@@ -140,10 +140,11 @@ def test_logprobs_bias_and_tools_map_to_request_fields():
     assert req.tools == TOOLS and req.tool_choice == "required"
 
 
-def test_completion_logprobs_is_a_count_up_to_five():
-    assert oa_req.parse_completion({"prompt": "x", "logprobs": 5}).fields["logprobs"] == 5
+def test_completion_logprobs_is_a_count_up_to_chats_twenty():
+    """One limit for every way in (OpenAI's completions stop at 5; its chat's top_logprobs at 20)."""
+    assert oa_req.parse_completion({"prompt": "x", "logprobs": 20}).fields["logprobs"] == 20
     assert oa_req.parse_completion({"prompt": "x", "logprobs": 0}).fields["logprobs"] == 0
-    for bad in (6, -1, True, "2"):
+    for bad in (21, -1, True, "2"):
         _refused("logprobs", oa_req.parse_completion, logprobs=bad)
 
 

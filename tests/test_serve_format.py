@@ -136,7 +136,7 @@ def test_unsupported_fields_are_named(field, value):
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -2}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "seed": True}, "seed"),
     ({"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),

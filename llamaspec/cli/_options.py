@@ -73,9 +73,24 @@ def knob_option(name: str, *, low: int | None = None) -> Any:
     k = knobs.KNOBS[name]
 
     def check(value):
-        return knobs.check(name, value, k.spelled, low=low)
+        # the text as a JSON number would be (-1 an integer, 0.5 a float, "hot" a string), so the
+        # table's check gives the words a request body gets: "--temp must be a number, got string"
+        value = knobs.check(name, _number(value), k.spelled, low=low)
+        return float(value) if value is not None and k.kind is float else value
 
-    return Annotated[Optional[k.kind] if k.optional else k.kind, typer.Option(*k.flags, help=k.help, callback=check)]
+    return Annotated[Optional[str], typer.Option(*k.flags, help=k.help, callback=check, metavar=f"<{k.kind.__name__}>")]
+
+
+def _number(text: Any) -> Any:
+    """A flag's text as the number it spells (int before float), else the text itself."""
+    if not isinstance(text, str):
+        return text
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 # ---- shared flags --------------------------------------------------------------------------------

@@ -122,7 +122,8 @@ def batch(
                         req = requests[res.id]
                         if res.error is not None:
                             code = "context_length_exceeded" if "context" in res.error.message else None
-                            write(req.id, io.error_record(req, res.error.message, code=code))
+                            write(req.id, io.error_record(req, res.error.message, code=code,
+                                                          param=getattr(res.error, "field", None)))
                             out.warn(f"line {req.line} ({req.id}): {res.error.message}")
                         else:
                             write(req.id, io.result_record(req, res.text, res.finish_reason, res.stats, ident["target_ref"],

@@ -33,6 +33,8 @@ __all__ = ["CHAT", "COMPLETION", "MAX_TOKENS", "MAX_STOPS", "MAX_STOP_BYTES", "N
 
 #: a token limit's names, first wins: OpenAI's newer (chat), its older, llama-server's
 MAX_TOKENS = ("max_completion_tokens", "max_tokens", "n_predict")
+#: alternatives per token: OpenAI's top_logprobs limit
+MAX_LOGPROBS = 20
 
 
 def _stop(v: Any) -> Any:
@@ -152,7 +154,7 @@ class ChatBody(_Body):
 
     messages: Annotated[list[Message], Field(min_length=1)]
     logprobs: Annotated[Optional[bool], BeforeValidator(strict(bool, "a boolean"))] = None
-    top_logprobs: Annotated[Optional[int], BeforeValidator(rf.count(20))] = None
+    top_logprobs: Annotated[Optional[int], BeforeValidator(rf.count(MAX_LOGPROBS))] = None
     tools: Optional[list[dict]] = None
     tool_choice: Any = None   # "none" | "auto" | "required" | {"type": "function", ...}: tools.plan_tools checks it
     parallel_tool_calls: Annotated[Optional[bool], BeforeValidator(strict(bool, "a boolean"))] = None
@@ -173,7 +175,8 @@ class CompletionBody(_Body):
     """/v1/completions: a raw-text prompt (no chat template)."""
 
     prompt: Annotated[str, BeforeValidator(_prompt)]
-    logprobs: Annotated[Optional[int], BeforeValidator(rf.count(5))] = None   # OpenAI's 0..5
+    # OpenAI's limit is 5; llamaspec's one limit is chat's 20 (top_logprobs), for every way in
+    logprobs: Annotated[Optional[int], BeforeValidator(rf.count(MAX_LOGPROBS))] = None
 
     def fields(self) -> dict[str, Any]:
         req = dict(prompt=self.prompt, chat=False, **self.common_fields())
@@ -185,7 +188,7 @@ class CompletionBody(_Body):
 class RequestFields(Fields):
     """The Python API's Request (api/request.py): the shared fields, logprobs a count 0-20."""
 
-    logprobs: Annotated[Optional[int], BeforeValidator(rf.count(20))] = None
+    logprobs: Annotated[Optional[int], BeforeValidator(rf.count(MAX_LOGPROBS))] = None
 
 
 def check_fields(values: dict[str, Any]) -> dict[str, Any]:
