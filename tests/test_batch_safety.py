@@ -230,7 +230,7 @@ def test_body_fields_unsupported_fail_their_line_and_sampling_fields_apply(run_c
 
     rows = [line("greedy", temperature=0), line("top_k", temperature=2.0, top_k=1, seed=3),
             line("min_p", temperature=2.0, min_p=1.0, seed=3), line("hot", temperature=2.0, seed=3),
-            line("n", n=2), line("logprobs", logprobs=9), line("neg", temperature=-1),
+            line("n", n=2), line("logprobs", logprobs=21), line("neg", temperature=-1),
             line("rp", repeat_penalty=0)]
     inp, out = _write(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
     r = run_cli("batch", tiny_models["target"], inp, "-o", out, "-t", "1", "--raw")

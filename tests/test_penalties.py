@@ -68,7 +68,7 @@ def test_batch_lines_take_penalties_in_both_forms(field):
     plain = json.dumps({"prompt": "x", field: -1.5})
     body = json.dumps({"custom_id": "c", "url": "/v1/completions", "body": {"prompt": "x", field: 0.5}})
     a, b = parse_requests([plain, body])
-    assert getattr(a, field) == -1.5 and getattr(b, field) == 0.5
+    assert a.fields[field] == -1.5 and b.fields[field] == 0.5
     for bad, message in ((3, f"{field} must be in [-2, 2], got 3"), ("x", f"{field} must be a number, got string")):
         for line in (json.dumps({"prompt": "x", field: bad}),
                      json.dumps({"custom_id": "c", "url": "/v1/completions", "body": {"prompt": "x", field: bad}})):

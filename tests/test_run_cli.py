@@ -157,7 +157,7 @@ def test_ngram_flags_reach_the_drafters(run_cli, tiny_models):
 
 @pytest.mark.parametrize("args, needle", [
     (["run", "--bogus"], "No such option: --bogus"),
-    (["run", "-n", "abc", "-p", "x"], "Invalid value for '-n'"),
+    (["run", "-n", "abc", "-p", "x"], "-n must be an integer, got string"),
     (["inspect"], "Missing argument"),
     (["no-such-command"], "No such command"),
 ])
