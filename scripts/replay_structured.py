@@ -132,7 +132,8 @@ def replay_one(target, drafter, trace: dict, cost, k_max: int, verbose: bool, ri
             else:
                 ctl.observe_cost(len(toks) + 1, seconds)
         for t in new:
-            state.accept(t)
+            if not target.is_eog(t):   # (the end: the engine stops there; llguidance's own end token may differ)
+                state.accept(t)
         drafter.accepted(0, acc, new, is_other=not toks)
         history += new
         pos += len(new)
