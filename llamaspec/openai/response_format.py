@@ -21,6 +21,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from llamaspec.knobs import bias_ok, bias_refused
 from llamaspec.openai.fields import RequestError, jtype
 from llamaspec.openai.messages import Refused, strict as only
+from llamaspec.runtime.grammar_errors import GrammarError
 
 if TYPE_CHECKING:
     from llamaspec.runtime.grammar import GrammarSpec
@@ -134,6 +135,15 @@ def given(body: Any) -> list[str]:
     return out
 
 
+class ConstraintRefused(RequestError, GrammarError):
+    """A constraint the grammar engine refuses, named by the field it came in (a 400 as any
+    RequestError), still the GrammarError it was for whoever catches those."""
+
+    def __init__(self, error: GrammarError, field: str):
+        RequestError.__init__(self, error.message, field)
+        self.hint = error.hint
+
+
 def one_constraint(names: list[str]) -> None:
     """The one rule of every way in (a body's fields, a batch line, a Request, run's flags, spelled
     as each names them): the output takes at most one constraint."""
@@ -161,11 +171,11 @@ def constraint(body: Any) -> "GrammarSpec | None":
         if name == "guided_choice":
             return GrammarSpec(choice_gbnf(v), field=name)
     except GrammarError as e:
-        raise RequestError(e.message, name) from None
+        raise ConstraintRefused(e, name) from None
     if not v.strip():
         raise RequestError(f'{name} must be a GBNF grammar (non-empty text), e.g. root ::= "yes" | "no"', name)
     try:
         check_gbnf(v, name)
     except GrammarError as e:
-        raise RequestError(e.message, name) from None
+        raise ConstraintRefused(e, name) from None
     return GrammarSpec(v, field=name)
