@@ -10,7 +10,7 @@ add edge values), each case sent through the real entrances:
     python           Generator.generate("Hi", max_tokens=2, temperature=0, **fields)   (UsageError)
     cli              llamaspec run MODEL -p Hi -n 2 --temp 0 FLAG VALUE        (exit != 0, "error: ..." on stderr)
 
-A case an entrance cannot express is NA in the table (run has no --logit-bias; the command line
+A case an entrance cannot express is NA in the table (run has no logprobs flag; the command line
 cannot send a number where it takes text), shown as such, never skipped silently.
 
 Per row and case: the verdicts (accepted / refused) agree; every refusal's message, with the
@@ -145,10 +145,10 @@ ROWS: list[Row] = [
         "wrong type":   Send({"grammar": 5},        NA),   # --grammar takes text
         "absent":       ABSENT,
     }, note="out of range: a GBNF grammar naming an undefined rule"),
-    Row("logit_bias", _spelled("logit_bias", None), {
-        "valid":        Send({"logit_bias": {"15": 5}},   NA),   # run has no logit bias flag
-        "out of range": Send({"logit_bias": {"15": 500}}, NA),
-        "wrong type":   Send({"logit_bias": [15]},        NA),
+    Row("logit_bias", _spelled("logit_bias", ("-l/--logit-bias", "--logit-bias", "-l")), {
+        "valid":        Send({"logit_bias": {"15": 5}},   ["-l", "15+5"]),   # llama.cpp's TOKEN_ID(+/-)BIAS
+        "out of range": Send({"logit_bias": {"15": 500}}, ["-l", "15+500"]),
+        "wrong type":   Send({"logit_bias": [15]},        NA),   # -l takes TOKEN_ID(+/-)BIAS text
         "absent":       ABSENT,
     }),
     # logprobs: chat bodies say `logprobs: true` + `top_logprobs: N`; /v1/completions, a llamaspec
@@ -160,10 +160,10 @@ ROWS: list[Row] = [
         "absent":       ABSENT,
         "six":          Send({"logprobs": 6},   NA, chat={"logprobs": True, "top_logprobs": 6}),
     }, note="six: over OpenAI completions' 5, within chat's 20"),
-    Row("ignore_eos", _spelled("ignore_eos", None), {
-        "valid":        Send({"ignore_eos": True},  NA),   # run has no --ignore-eos
+    Row("ignore_eos", _spelled("ignore_eos", ("--ignore-eos",)), {
+        "valid":        Send({"ignore_eos": True},  ["--ignore-eos"]),
         "out of range": None,                              # a boolean has no range
-        "wrong type":   Send({"ignore_eos": "yes"}, NA),
+        "wrong type":   Send({"ignore_eos": "yes"}, NA),   # --ignore-eos takes no value
         "absent":       ABSENT,
     }),
 ]

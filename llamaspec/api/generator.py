@@ -61,7 +61,8 @@ class Generator(Preparation, OpenAIMethods):
                  seed: int | None = K.seed, max_tokens: int | None = K.max_tokens, stop: Sequence[str] = (),
                  chat: bool | None = None, system: str | None = None, offline: bool = False, force_draft: bool = False,
                  search: Sequence[Path] = (), tuned: bool = True, spec_replace: Sequence[tuple[str, str]] = (),
-                 grammar: str | None = None, json_schema: dict | str | bool | None = None):
+                 grammar: str | None = None, json_schema: dict | str | bool | None = None, ignore_eos: bool = False,
+                 logit_bias: dict[int, float] | None = None):
         from llamaspec.api.constraints import grammar_of
         from llamaspec.api.options import GenerationOptions
         from llamaspec.speculative.sampling_params import SamplingParams
@@ -75,7 +76,8 @@ class Generator(Preparation, OpenAIMethods):
             spec_replace=tuple((str(a), str(b)) for a, b in spec_replace),
             ctx_size=ctx_size, threads=threads, n_gpu_layers=n_gpu_layers, n_gpu_layers_draft=n_gpu_layers_draft,
             amx=amx, parallel=parallel, sampling=sampling, max_tokens=max_tokens, stop=stop, chat=chat,
-            system=system, grammar=grammar_of(grammar, json_schema)), tuned)
+            system=system, grammar=grammar_of(grammar, json_schema), ignore_eos=ignore_eos, logit_bias=logit_bias),
+            tuned)
 
     @classmethod
     def from_options(cls, model: str | Path | None, options: "GenerationOptions", *,
@@ -131,6 +133,10 @@ class Generator(Preparation, OpenAIMethods):
             from llamaspec.speculative.prompt_cache import PromptCache
 
             self.pipeline.engine.prompt_cache = PromptCache(o.cache_ram_mib << 20 if o.cache_ram_mib > 0 else 1 << 62)
+        if o.logit_bias:   # ids outside the vocabulary: one error now, not one per request
+            from llamaspec.api.constraints import check_logit_bias
+
+            check_logit_bias(o.logit_bias, self.pipeline.target.n_vocab)
         if o.grammar is not None:   # a grammar that does not compile: one error now, not one per request
             from llamaspec.api.constraints import check_compiles
 
@@ -176,11 +182,15 @@ class Generator(Preparation, OpenAIMethods):
     def describe(self) -> dict[str, Any]:
         """Model, draft and settings: what a batch job's resume check compares."""
         r, o, s = self.resolved, self.options, self.sampling   # (the knobs: the table's, knobs.py)
+        o_gen = self.generation_options
         return {"model": str(r.target_path), "model_size": r.target_path.stat().st_size,
                 "draft": str(r.draft_path) if r.draft_path else None, "spec_type": r.spec_label,
                 **{k: getattr(o, k) for k in DRAFTING}, "adaptive": o.adaptive, "n_ctx": self.n_ctx,
                 **{k: getattr(s, k) for k in SAMPLING},
-                "max_tokens": self.max_tokens, "stop": self.stop, "chat": self.chat, "system": self.system}
+                "max_tokens": self.max_tokens, "stop": self.stop, "chat": self.chat, "system": self.system,
+                # (only when set: a job started before these existed resumes)
+                **({"ignore_eos": True} if o_gen.ignore_eos else {}),
+                **({"logit_bias": {str(k): v for k, v in o_gen.logit_bias.items()}} if o_gen.logit_bias else {})}
 
     # -- generating ----------------------------------------------------------------------------
     def generate(self, prompt: Prompt | Request, *, on_text: Callable[[str, bool, str], None] | None = None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from llamaspec import knobs
 from llamaspec.errors import UsageError
@@ -65,6 +65,8 @@ class GenerationOptions:
     max_tokens: int | None = DEFAULT.max_tokens
     stop: Sequence[str] = ()
     grammar: "GrammarSpec | None" = None
+    ignore_eos: bool = False                       # every request generates past end-of-generation
+    logit_bias: "Mapping[int, float] | None" = None   # of every request that sets none (ids checked at load)
     # prompt formatting
     chat: bool | None = None
     system: str | None = None
@@ -77,6 +79,12 @@ class GenerationOptions:
             knobs.check(name, getattr(self, name))
         knobs.check_draft_min(self.draft_min, self.draft_max)
         object.__setattr__(self, "stop", check_stop(self.stop))
+        if self.ignore_eos or self.logit_bias:   # the one parser's verdicts (openai/requests.py)
+            from llamaspec.openai.requests import check_fields
+
+            checked = check_fields({"ignore_eos": self.ignore_eos, "logit_bias": self.logit_bias or None})
+            object.__setattr__(self, "ignore_eos", bool(checked.get("ignore_eos")))
+            object.__setattr__(self, "logit_bias", checked.get("logit_bias"))
         if self.grammar is not None and not hasattr(self.grammar, "gbnf"):
             raise UsageError(f"grammar must be a GrammarSpec (runtime/grammar.py) or None, not {self.grammar!r}",
                              "build one with GrammarSpec(gbnf) or grammar_from_schema(schema)")

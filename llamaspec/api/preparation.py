@@ -122,6 +122,10 @@ class Preparation:
                 raise UsageError(f"{name} must be {'a string' if kind is str else 'True or False'} or None, "
                                  f"not {getattr(req, name)!r}", field=name)
         req = checked(req)
+        own = self.generation_options   # the Generator's (run's / serve's flags) where the request sets none
+        if own.ignore_eos or (own.logit_bias and req.logit_bias is None):
+            req = replace(req, ignore_eos=req.ignore_eos or own.ignore_eos,
+                          logit_bias=own.logit_bias if req.logit_bias is None else req.logit_bias)
         with self._owner.reading():   # close() does not free the model meanwhile
             target = self._pipeline().target
             structured = constraints(req, target, self.generation_options.grammar, target.chat_template)

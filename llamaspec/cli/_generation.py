@@ -12,8 +12,9 @@ import typer
 
 from llamaspec import knobs
 from llamaspec.cli._options import (
-    CTX_SIZE_CHECK, AmxOpt, ChatOpt, FixedDraftOpt, ForceDraftOpt, GrammarFileOpt, GrammarOpt, JsonSchemaFileOpt,
-    JsonSchemaOpt, OfflineOpt, ThreadsOpt, check_draft_exists, flag_group, grammar_flags, knob_option,
+    CTX_SIZE_CHECK, AmxOpt, ChatOpt, FixedDraftOpt, ForceDraftOpt, GrammarFileOpt, GrammarOpt, IgnoreEosOpt,
+    JsonSchemaFileOpt, JsonSchemaOpt, LogitBiasOpt, OfflineOpt, ThreadsOpt, check_draft_exists, flag_group,
+    grammar_flags, knob_option, logit_bias_flags,
 )
 from llamaspec.errors import UsageError
 from llamaspec.speculative.options import spec_type_help  # the spec-type table; no llama_cpp import
@@ -95,7 +96,7 @@ def _generation_options(**v: Any) -> "GenerationOptions":
         search=tuple(v["search"] or ()), offline=v["offline"], ctx_size=v["ctx_size"], threads=v["threads"],
         n_gpu_layers=v["ngl"], n_gpu_layers_draft=v["ngld"], amx=v["amx"], sampling=sampling,
         max_tokens=v["max_tokens"], stop=tuple(v["stop"] or ()), chat=v["chat"], system=v["system"],
-        spec_replace=tuple(spec_replace),
+        spec_replace=tuple(spec_replace), ignore_eos=v["ignore_eos"], logit_bias=logit_bias_flags(v["logit_bias"]),
         grammar=grammar_flags(v["grammar"], v["grammar_file"], v["json_schema"], v["json_schema_file"]))
 
 
@@ -108,7 +109,8 @@ def _knobs(*names: str) -> dict[str, tuple[Any, Any]]:
 generation_flags = flag_group("gen", {
     "draft": (DraftOpt, None), "spec_type": (SpecTypeOpt, None), **_knobs(*knobs.DRAFTING),
     "fixed_k": (FixedDraftOpt, False), **_knobs("max_tokens", *knobs.SAMPLING),
-    "stop": (StopOpt, None), "ctx_size": (CtxSizeOpt, None), "threads": (ThreadsOpt, None),
+    "stop": (StopOpt, None), "ignore_eos": (IgnoreEosOpt, False), "logit_bias": (LogitBiasOpt, None),
+    "ctx_size": (CtxSizeOpt, None), "threads": (ThreadsOpt, None),
     "ngl": (NglOpt, None), "ngld": (NgldOpt, None), "amx": (AmxOpt, None), "chat": (ChatOpt, None),
     "system": (SystemOpt, None), "offline": (OfflineOpt, False), "force_draft": (ForceDraftOpt, False),
     "search": (SearchOpt, None), "spec_replace": (SpecReplaceOpt, None),

@@ -168,6 +168,38 @@ def read_prompt_file(path: Path) -> str:
 
 # ---- constrained output: llama.cpp's --grammar, --grammar-file, -j/--json-schema, -jf/--json-schema-file
 
+IgnoreEosOpt = Annotated[bool, typer.Option(
+    "--ignore-eos", help="Generate past end-of-generation (until -n or a full context), as llama.cpp's flag.")]
+LogitBiasOpt = Annotated[Optional[list[str]], typer.Option(
+    "-l", "--logit-bias", metavar="TOKEN_ID(+/-)BIAS",
+    help="Add BIAS to a token's logit, as llama.cpp's flag: 15043+1, 15043-1, 15043-inf (bans it); "
+         "-100..100, repeatable.")]
+
+
+def logit_bias_flags(values: list[str] | None) -> dict | None:
+    """-l/--logit-bias values (llama.cpp's TOKEN_ID(+/-)BIAS) -> {token id: bias}, checked by the
+    one parser (openai/requests.py: a request's logit_bias, the same words), or None.
+
+        >>> logit_bias_flags(["15043+1", "7-inf", "3-2.5"])
+        {15043: 1.0, 7: -inf, 3: -2.5}
+    """
+    if not values:
+        return None
+    import re
+
+    from llamaspec.openai.requests import check_fields
+
+    bias = {}
+    for v in values:
+        m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\S+)\s*", v)
+        if m is None:
+            raise UsageError(f"-l/--logit-bias takes TOKEN_ID(+/-)BIAS, not {v!r}",
+                             "e.g. -l 15043+1, or -l 15043-inf to ban the token", field="logit_bias")
+        n = _number(m[3]) if m[3] != "inf" else float("inf")
+        bias[m[1]] = -n if m[2] == "-" and not isinstance(n, str) else n
+    return check_fields({"logit_bias": bias})["logit_bias"]
+
+
 GrammarOpt = Annotated[Optional[str], typer.Option(
     "--grammar", metavar="GBNF", help="Constrain the output to a GBNF grammar (llama.cpp's format), "
     "e.g. 'root ::= \"yes\" | \"no\"'.")]
