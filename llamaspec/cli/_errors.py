@@ -72,6 +72,10 @@ def explain(exc: BaseException) -> Explained | None:
 # keeps its .incomplete file, `tune` leaves the store as it was.
 
 _received: int | None = None
+# Redeliveries not yet sent: the command may end first (the engine saw the signal and ended the
+# generation, and the command raised it itself), and one sent after the interpreter has put back
+# the default action would kill the process (exit -2, no message): restore() cancels them.
+_PENDING: set = set()
 
 
 _CLEANUP = frozenset({"close", "__exit__", "__del__"})
@@ -100,6 +104,7 @@ def _redeliver(signum: int) -> None:
     main = threading.main_thread().ident
     timer = threading.Timer(0.02, signal.pthread_kill, (main, signum))
     timer.daemon = True
+    _PENDING.add(timer)
     timer.start()
 
 
@@ -109,7 +114,14 @@ def _on_signal(signum: int, frame) -> None:
     if _not_here(frame):   # delivered again until it lands outside (the C call or the close returned)
         _redeliver(signum)
         return
+    _cancel_redeliveries()   # (delivered now: a later copy would interrupt the exit path)
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _cancel_redeliveries() -> None:
+    for timer in list(_PENDING):
+        timer.cancel()
+    _PENDING.clear()
 
 
 def _unraisable(args) -> None:
@@ -135,6 +147,7 @@ def install_signal_handlers() -> Callable[[], None]:
     sys.unraisablehook = _unraisable
 
     def restore() -> None:
+        _cancel_redeliveries()
         for s, h in old.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
         sys.unraisablehook = old_hook
@@ -146,6 +159,7 @@ def raise_if_interrupted() -> None:
     """Raise again a signal that was caught below (the engine ends a generation on Ctrl-C and
     returns it as "interrupted"): for commands that run many generations, bench and tune."""
     if _received is not None:
+        _cancel_redeliveries()
         raise Terminated() if _received == signal.SIGTERM else KeyboardInterrupt()
 
 
