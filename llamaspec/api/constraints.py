@@ -22,20 +22,14 @@ def grammar_of(grammar: Any, json_schema: Any, *, grammar_field: str = "grammar"
                schema_field: str = "json_schema") -> "GrammarSpec | None":
     """The GrammarSpec of a GBNF text (or a GrammarSpec as is) or a JSON schema; None when neither.
     Both given is a UsageError; a schema the grammar engine cannot enforce a GrammarError naming its field."""
-    from llamaspec.openai.response_format import one_constraint
+    from llamaspec.openai.response_format import gbnf_spec, one_constraint
     from llamaspec.runtime.grammar import GrammarSpec, grammar_from_schema
 
     one_constraint([n for n, v in ((grammar_field, grammar), (schema_field, json_schema)) if v is not None])
     if isinstance(grammar, GrammarSpec):
         return grammar
     if grammar is not None:
-        if not isinstance(grammar, str) or not grammar.strip():
-            raise UsageError(f"{grammar_field} must be a GBNF grammar (non-empty text), not {grammar!r:.60}",
-                             'e.g. root ::= "yes" | "no"', field=grammar_field)
-        from llamaspec.runtime.grammar_bounds import check_gbnf
-
-        check_gbnf(grammar, grammar_field)
-        return GrammarSpec(grammar, field=grammar_field)
+        return gbnf_spec(grammar, grammar_field)
     if json_schema is None:
         return None
     return grammar_from_schema(json_schema, field=schema_field)

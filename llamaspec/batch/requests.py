@@ -105,9 +105,6 @@ def _request(d: dict, rid: str, line: int, openai: str | None) -> Request:
     if openai is not None and d.get("stream"):   # a batch record is one response, not a stream
         raise _Bad("stream is not supported in a batch job (got true)", "stream")
     chat = openai == CHAT if openai is not None else messages is not None
-    if openai is None:
-        d = {k: v for k, v in d.items() if k not in ("prompt", "messages")} | (
-            {"messages": messages} if chat else {"prompt": prompt})
     try:
         fields = oa_req.parse_body(d, oa_req.CHAT if chat else oa_req.COMPLETION, unsupported=openai is not None).fields
     except oa_req.RequestError as e:

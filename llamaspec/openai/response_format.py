@@ -155,7 +155,6 @@ def constraint(body: Any) -> "GrammarSpec | None":
     """The GrammarSpec of a body's one constraint (None: none); two given is a RequestError naming
     both, a schema the engine refuses one naming its field."""
     from llamaspec.runtime.grammar import GrammarError, GrammarSpec, grammar_from_schema
-    from llamaspec.runtime.grammar_bounds import check_gbnf
 
     names = given(body)
     one_constraint(names)
@@ -170,12 +169,18 @@ def constraint(body: Any) -> "GrammarSpec | None":
             return grammar_from_schema(v, field=name)
         if name == "guided_choice":
             return GrammarSpec(choice_gbnf(v), field=name)
+        return gbnf_spec(v, name)
     except GrammarError as e:
         raise ConstraintRefused(e, name) from None
-    if not v.strip():
+
+
+def gbnf_spec(text: Any, name: str) -> "GrammarSpec":
+    """GBNF text given as `name` -> its GrammarSpec: non-empty text within the grammar bounds
+    (a RequestError naming `name`, or check_gbnf's GrammarError); compiled later, against the model."""
+    from llamaspec.runtime.grammar import GrammarSpec
+    from llamaspec.runtime.grammar_bounds import check_gbnf
+
+    if not isinstance(text, str) or not text.strip():
         raise RequestError(f'{name} must be a GBNF grammar (non-empty text), e.g. root ::= "yes" | "no"', name)
-    try:
-        check_gbnf(v, name)
-    except GrammarError as e:
-        raise ConstraintRefused(e, name) from None
-    return GrammarSpec(v, field=name)
+    check_gbnf(text, name)
+    return GrammarSpec(text, field=name)
