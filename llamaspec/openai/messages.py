@@ -13,7 +13,6 @@ from typing import Annotated, Any, Callable, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from llamaspec.errors import INT64_MAX, INT64_MIN
 from llamaspec.openai.fields import RequestError, jtype, shown
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -35,14 +34,6 @@ def strict(kind: type, what: str) -> Callable[[Any], Any]:
             raise Refused(f"must be {what}, got {jtype(v)}")
         return v
     return check
-
-
-def checked_int(v: Any) -> Any:
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-        raise Refused(f"must be an integer, got {jtype(v)}")
-    if v is not None and not INT64_MIN <= v <= INT64_MAX:
-        raise Refused(f"must be a 64-bit integer (between -2^63 and 2^63-1), got {shown(v)}")
-    return v
 
 
 def _content(v: Any) -> Any:
