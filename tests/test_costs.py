@@ -11,7 +11,7 @@ import pytest
 from llamaspec.runtime.context import Context, ContextConfig
 from llamaspec.runtime.llama import Model
 from llamaspec.speculative.controller import DraftLengthController
-from llamaspec.speculative.costs import RECALIBRATE_STEPS, CostModel, marginal_charges
+from llamaspec.speculative.costs import RECALIBRATE_STEPS, CostModel, marginal_charges, shared_step_ratios
 from llamaspec.speculative.drafters.model import SYNC_WINDOW, ModelDrafter
 from tests.engine_helpers import generate, prompt_tokens
 
@@ -150,6 +150,73 @@ def test_cost_curve_as_a_function():
         cm.observe_verify(n, t)
     curve = cm.batch_curve(8)
     assert curve(1) == 1.0 and curve(8) == pytest.approx(3.0) and curve(12) == curve(8)
+
+
+# SmolLM2 F16 on 2 EPYC cores, 4 sequences at depth 400 in one unified cache: whole steps of n rows (ms)
+SHARED_STEPS_MS = [(4, 25.6), (5, 26.8), (6, 29.4), (8, 37.3), (12, 47.2), (16, 59.7), (20, 72.6), (28, 97.6)]
+
+
+def _shared_curve() -> CostModel:
+    cm = CostModel()
+    for n, ms in SHARED_STEPS_MS * 3:
+        cm.observe_verify(n, ms / 1000)
+    return cm
+
+
+def test_under_load_a_draft_is_priced_against_a_share_of_the_step():
+    """4 sequences share a step: a draft's rows cost what they add to the step (8 rows: 21.6 ms)
+    against the sequence's share of a plain step (25.6 / 4 = 6.4 ms), 4.4 plain steps, where a
+    lone sequence's prior prices them at ~2.3. A text drafter's middling guess (acceptance 0.6)
+    then drafts 1 token (its own prior: 3), a copy that keeps matching (0.95) still drafts long."""
+    ratios = shared_step_ratios(_shared_curve(), 4, 4)(8)
+    assert ratios[0] == 1.0
+    assert ratios[8] == pytest.approx(1 + (47.2 - 25.6) / 6.4, rel=0.02)
+    assert CostModel().verify_ratio(8) < 2.5
+
+    def choice(p: float, shared) -> int:
+        cost = CostModel()
+        cost.shared = shared
+        ctl = DraftLengthController(n_max=16, cost=cost, prior_alpha=p, prior_weight=1e6)
+        return ctl.choose()
+
+    load = shared_step_ratios(_shared_curve(), 4, 4)
+    assert choice(0.6, load) == 1 < choice(0.6, None)
+    assert choice(0.3, load) == 0
+    assert choice(0.95, load) >= 3 and choice(0.99, load) >= 8
+    # a prompt chunk in the step moves the draft rows up the curve; what a token saves stays a share
+    with_chunk = shared_step_ratios(_shared_curve(), 4, 4 + 16)(8)
+    assert with_chunk[8] == pytest.approx(1 + (72.6 - 59.7 + 59.7 - 47.2) * 8 / 8 / 6.4, rel=0.05)
+
+
+def test_sequences_sharing_a_step_are_priced_by_the_shared_curve_and_alone_by_their_own(smollm2_f16):
+    """The engine's wiring: in a step of several sequences every controller's cost model prices by
+    the engine's curve of shared steps (what shared_step_ratios gives for that step); a sequence
+    alone goes back to its own measurements."""
+    from llamaspec.speculative.options import SpecOptions, parse_spec_types
+    from llamaspec.speculative.pipeline import load_pipeline
+    from llamaspec.speculative.sampling_params import SamplingParams
+    from llamaspec.speculative.sequence import SequenceRun
+
+    greedy = SamplingParams(temperature=0.0)
+    opts = SpecOptions(spec_types=parse_spec_types("prompt-lookup,suffix"), n_ctx=512, n_threads=1, n_seq=2)
+    pipe = load_pipeline(smollm2_f16, opts, greedy)
+    try:
+        eng, config = pipe.engine, pipe.config(max_tokens=8, sampling=greedy)
+        seqs = [SequenceRun(eng, i, prompt_tokens(pipe.target, text), config, None)
+                for i, text in enumerate(["Name three colours.", "Count from one to five."])]
+        for s in seqs:
+            s.start()
+        eng.step(seqs)
+        expected = shared_step_ratios(eng._batch_cost, 2, 2)(6)
+        for s in seqs:
+            assert s.ctls and all(c.cost.shared is not None for c in s.ctls.values())
+            assert all(c.cost.verify_ratios(6) == pytest.approx(expected) for c in s.ctls.values())
+        eng.step(seqs[:1])
+        assert all(c.cost.shared is None for c in seqs[0].ctls.values())
+        for s in seqs:
+            s.abandon()
+    finally:
+        pipe.close()
 
 
 # -- a draft model that cannot pay: paused from the start, probes rarer and rarer -------------------

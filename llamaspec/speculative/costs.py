@@ -10,7 +10,7 @@ import statistics
 from collections import deque
 from typing import Callable, Sequence
 
-__all__ = ["CostModel", "RECALIBRATE_STEPS", "marginal_charges"]
+__all__ = ["CostModel", "RECALIBRATE_STEPS", "marginal_charges", "shared_step_ratios"]
 
 #: a plain step is timed again after this many timed batches without one (the cost of t(1) drifts
 #: with the machine's load; one step in 200 is < 0.5% of drafting)
@@ -78,6 +78,9 @@ class CostModel:
         # cores), and a mean of those prices every batch by them
         self._recent: list[deque] = [deque(maxlen=WINDOW) for _ in range(len(_BUCKET_SIZES) + 1)]
         self._ones: deque = deque(maxlen=WINDOW)
+        # While the sequence shares its steps with others, the engine prices its drafts by the
+        # shared batch's curve (shared_step_ratios): k_max -> [C(0..k_max)]; None when alone.
+        self.shared: Callable[[int], list[float]] | None = None
 
     def observe_verify(self, n_tokens: int, seconds: float) -> None:
         """A target step that evaluated `n_tokens` tokens (1 for a plain decode) took `seconds`.
@@ -167,6 +170,8 @@ class CostModel:
         falling with k."""
         if self.verify_ratio_fn is not None:
             return [float(self.verify_ratio_fn(k)) for k in range(k_max + 1)]
+        if self.shared is not None:
+            return self.shared(k_max)
         ab = self.line()
         if ab is None:
             a, b = 1.0, self.default_slope
@@ -243,3 +248,34 @@ def marginal_charges(rows: Sequence[int], other_rows: int, seconds: float,
     surplus, paid = max(0.0, t_all - curve(n0)), sum(marginal)
     share = surplus / paid if paid > 0 else 0.0
     return [scale * (base + m * share) for m in marginal]
+
+
+def shared_step_ratios(batch: CostModel, n_seqs: int, n_rows: int) -> Callable[[int], list[float]]:
+    """C(k) = verify cost of k draft tokens over a plain step, for one of `n_seqs` sequences
+    generating together in a step of `n_rows` rows without drafts (their last tokens and any
+    prompt chunk), on `batch`'s curve of whole shared batches.
+
+    A plain step costs each sequence its share of a step of plain rows, t(n_seqs) / n_seqs: that is
+    what an accepted token saves. Its k draft rows cost what they add to the shared step,
+    t(n_rows + k) - t(n_rows), which every sequence waits for. Under load a draft row is dear
+    against a share (SmolLM2 F16, 2 cores, 4 sequences: t(4) = 1.95, t(12) = 3.59 t(1), so 8 draft
+    rows cost 3.4 shares), where a new sequence's controller, pricing by a lone sequence's prior
+    curve (8 rows: 2.3 steps), drafts 3 tokens at acceptance 0.6 instead of 1, and slows every
+    sequence of the step down. The engine's curve is kept across requests; a sequence's own
+    measurements would start again from the prior with every request.
+
+        >>> cm = CostModel()
+        >>> for n, t in [(4, 0.0256), (12, 0.0472), (20, 0.0726)] * 3:
+        ...     cm.observe_verify(n, t)
+        >>> [round(x, 2) for x in shared_step_ratios(cm, 4, 4)(8)][::4]   # C(0), C(4), C(8)
+        [1.0, 2.69, 4.38]
+    """
+    memo: list[float] = []
+
+    def ratios(k_max: int) -> list[float]:
+        if len(memo) <= k_max:
+            c = batch.verify_ratios(n_rows + k_max)  # c[n - 1] = t(n) / t(1)
+            base = c[n_seqs - 1] / n_seqs
+            memo[:] = [1.0 + (c[n_rows + k - 1] - c[n_rows - 1]) / base for k in range(k_max + 1)]
+        return memo[:k_max + 1]
+    return ratios

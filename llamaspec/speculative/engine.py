@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from llamaspec.speculative.controller import CostModel, DraftLengthController
-from llamaspec.speculative.costs import marginal_charges
+from llamaspec.speculative.costs import marginal_charges, shared_step_ratios
 from llamaspec.speculative.match_controller import MatchController, RiskBudget
 from llamaspec.speculative.sequence import (  # noqa: F401  (GenerationConfig & co. are the engine's API too)
     NO_DRAFT,
@@ -177,6 +177,12 @@ class SpecEngine:
         n_prompt = sum(n for _, n in prefill)
         # [last] + draft of every sequence, with the prompt chunks, fits one batch
         budget = (self.ctx.n_batch - n_prompt) // len(seqs) if seqs else 0
+        # Sharing the step, a sequence's drafts are priced by the shared batch's curve: what its
+        # rows add to the step against its share of a plain one (costs.shared_step_ratios).
+        shared = (shared_step_ratios(self._batch_cost, len(seqs), len(seqs) + n_prompt)
+                  if len(seqs) > 1 or (seqs and n_prompt) else None)
+        for s in seqs:
+            s.price_by(shared)
         batcher = self.drafter.batch_member() if len(seqs) > 1 and self.drafter is not None else None
         if batcher is not None and not any(s.seq_id in self.grammars for s in seqs):
             segments = self._plan_together(seqs, budget - 1, batcher)

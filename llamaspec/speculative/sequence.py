@@ -228,6 +228,12 @@ class SequenceRun:
         self._state = self.engine.ctx.save_seq(self.seq_id) if (d and self.engine.target.needs_checkpoints) else None
         return [self.history[-1]] + d, self.n_past, self.seq_id
 
+    def price_by(self, shared) -> None:
+        """Price this step's drafts by `shared` (costs.shared_step_ratios) while sharing the step
+        with other rows, by the controllers' own measurements when alone (None)."""
+        for ctl in self.ctls.values():
+            ctl.cost.shared = shared
+
     def settle(self, rows: np.ndarray, verify_seconds: float, timed: bool = True) -> None:
         """Verify this sequence's rows, drop its rejected positions, emit, learn (the step's cost
         too unless not `timed`: the opening draft's batch is mostly the prompt)."""
