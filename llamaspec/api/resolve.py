@@ -6,7 +6,7 @@ engine so nothing downstream reaches back here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -83,14 +83,61 @@ def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool =
     """`--draft auto`; local_only (no --draft and no --spec-type given): never download, and say
     in one note which registry draft a pull would add. A draft model on disk is taken only when
     it is expected to pay here (pairing/draft_value.py, fed what a run measured for the pair)."""
+    from llamaspec.pairing import choice_memo
+
+    gpu = decodes_on_gpu(n_gpu_layers)
+    # The default's choice is kept while what it read is unchanged (pairing/choice_memo.py): a
+    # 32-token answer must not pay the pairing code's imports and header reads on every run.
+    memo_key = choice_memo.key(r.target_path, search, offline, n_gpu_layers, gpu) if local_only else None
+    kept = choice_memo.lookup(memo_key) if memo_key is not None else None
+    if isinstance(kept, _Chosen):
+        kept.apply(r)
+        return
+    before = _Chosen.of(r)
+    with choice_memo.witnessed() as seen:
+        _choose(r, search, offline, local_only, n_gpu_layers, gpu)
+        if memo_key is not None:
+            from llamaspec.pairing.registry import default_pairings_dir
+            from llamaspec.tune.draft_costs import store_path
+
+            pairings = default_pairings_dir()
+            for path in [pairings, *sorted(pairings.glob("*.yaml")), store_path()]:
+                choice_memo.witness(path)
+    if memo_key is not None:
+        choice_memo.save(memo_key, seen, _Chosen.of(r).since(before))
+
+
+@dataclass
+class _Chosen:
+    """What the default's draft choice set on a Resolved (what choice_memo keeps)."""
+    spec_types: list[str]
+    draft_ref: str | None
+    draft_path: Path | None
+    notes: list[str]
+    details: list[str]
+
+    @classmethod
+    def of(cls, r: Resolved) -> "_Chosen":
+        return cls(list(r.spec_types), r.draft_ref, r.draft_path, list(r.notes), list(r.details))
+
+    def since(self, before: "_Chosen") -> "_Chosen":
+        return replace(self, notes=self.notes[len(before.notes):], details=self.details[len(before.details):])
+
+    def apply(self, r: Resolved) -> None:
+        r.spec_types, r.draft_ref, r.draft_path = list(self.spec_types), self.draft_ref, self.draft_path
+        r.notes += self.notes
+        r.details += self.details
+
+
+def _choose(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool, n_gpu_layers: int | None,
+            gpu: bool) -> None:
     from llamaspec.pairing.autodraft import (ACROSS_REQUESTS, REGISTRY_UNAVAILABLE, TEXT_FALLBACK, choose_draft,
                                              text_fallback)
     from llamaspec.tune.draft_costs import measured
 
     choice = choose_draft(str(r.target_path), search_dirs=search, offline=offline, dry_run=local_only,
                           pays=lambda draft: _measured_to_pay(r.target_path, draft),
-                          draft_costs=lambda draft: measured(r.target_path, draft, n_gpu_layers),
-                          gpu=decodes_on_gpu(n_gpu_layers))
+                          draft_costs=lambda draft: measured(r.target_path, draft, n_gpu_layers), gpu=gpu)
     if choice.would_download:
         pull = (f"llamaspec pull {r.target_ref} --draft auto" if _is_hub_ref(r.target_ref)
                 else f"llamaspec pull {choice.label}")

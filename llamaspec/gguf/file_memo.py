@@ -71,7 +71,7 @@ def memo(kind: str, files: Sequence[str | os.PathLike[str]], compute: Callable[[
     value = compute()
     _keep(key, value)
     if folder is not None:
-        _store(folder, key, value)
+        store(folder, key, value)
     return value
 
 
@@ -82,7 +82,8 @@ def _keep(key: str, value: object) -> None:
             _IN_PROCESS.pop(next(iter(_IN_PROCESS)))
 
 
-def _store(folder: Path, key: str, value: object) -> None:
+def store(folder: Path, key: str, value: object) -> None:
+    """Write one entry (atomically), keeping the newest KEEP of the folder; never raises."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")

@@ -37,6 +37,7 @@ from llamaspec.gguf.file_memo import memo
 from llamaspec.gguf.header import GGUF_MAGIC, GGUFHeader, read_file
 from llamaspec.gguf.peek import Peek, TargetTokens, light_header, peek, target_tokens
 from llamaspec.gguf.vocab import VocabInfo, vocab_from_header
+from llamaspec.pairing.choice_memo import witness
 from llamaspec.pairing.compat import MAX_SIZE_DIFFERENCE, Verdict, check_headers
 
 _MAX_DEPTH = 8
@@ -128,6 +129,8 @@ def default_roots() -> list[Root]:
     roots.append(Root(Path(ollama).expanduser() if ollama else home / ".ollama" / "models", "ollama"))
     if not ollama:  # Linux installs run Ollama as a service user with its own home
         roots.append(Root(Path("/usr/share/ollama/.ollama/models"), "ollama"))
+    for r in roots:   # a store that appears later changes the choice
+        witness(r.path)
     return [r for r in roots if r.path.is_dir()]
 
 
@@ -138,7 +141,10 @@ def search_roots(dirs: Iterable[str | os.PathLike[str]]) -> list[Root]:
 def models_path_roots() -> list[Root]:
     """The directories of $LLAMASPEC_MODELS_PATH (colon-separated, as PATH), those that exist."""
     dirs = [d for d in os.environ.get(MODELS_PATH_ENV, "").split(os.pathsep) if d.strip()]
-    return [r for r in (Root(Path(d).expanduser(), "models-path") for d in dirs) if r.path.is_dir()]
+    roots = [Root(Path(d).expanduser(), "models-path") for d in dirs]
+    for r in roots:
+        witness(r.path)
+    return [r for r in roots if r.path.is_dir()]
 
 
 def places(target: str | os.PathLike[str] | None = None, search: Iterable[str | os.PathLike[str]] = (), *,
@@ -185,6 +191,7 @@ def _check(deadline: float | None) -> None:
 def _walk(top: Path, depth: int = _MAX_DEPTH, deadline: float | None = None) -> Iterator[Path]:
     """GGUF-named files under `top` (symlinked files followed, symlinked dirs not: no loops)."""
     _check(deadline)
+    witness(top)
     try:
         with os.scandir(top) as it:
             entries = sorted(it, key=lambda e: e.name)
@@ -202,6 +209,7 @@ def _walk(top: Path, depth: int = _MAX_DEPTH, deadline: float | None = None) -> 
 
 
 def _hf_files(root: Path) -> Iterator[Found]:
+    witness(root)
     try:
         repos = [e for e in os.scandir(root) if e.name.startswith("models--") and e.is_dir()]
     except OSError:
@@ -218,9 +226,12 @@ def _ollama_names(root: Path) -> dict[str, str]:
     """blob file name -> model name:tag, from the manifests (best effort)."""
     names: dict[str, str] = {}
     manifests = root / "manifests"
+    witness(manifests)
     for dirpath, _dirs, files in os.walk(manifests):
+        witness(dirpath)
         for f in files:
             p = Path(dirpath) / f
+            witness(p)
             try:
                 layers = json.loads(p.read_text(encoding="utf-8")).get("layers", [])
             except (OSError, ValueError, AttributeError):
@@ -238,6 +249,7 @@ def _ollama_names(root: Path) -> dict[str, str]:
 
 def _ollama_files(root: Path) -> Iterator[Found]:
     blobs = root / "blobs"
+    witness(blobs)
     names = _ollama_names(root)
     try:
         entries = list(os.scandir(blobs))
@@ -278,6 +290,7 @@ def iter_models(roots: Iterable[Root], *, deadline: float | None = None,
                     continue
                 if real not in seen:
                     seen.add(real)
+                    witness(found.path)
                     yield found
                 _check(deadline)
         except OutOfTime:
