@@ -58,3 +58,5 @@ def test_one_tiny_layout_end_to_end(tiny_models, tmp_path):
     for m in cell["modes"].values():
         assert m["tok_s"] > 0 and m["to_last_s"] <= m["wall_s"] and m["text_checked"] and not m["text_differs"]
     assert cell["modes"]["plain"]["spec"] == "none" and cell["modes"]["plain"]["ratio"] == 1.0
+    # run's own generation speed (prompt and loading excluded) is kept beside the process's
+    assert cell["modes"]["plain"]["gen_ratio"] == 1.0 and cell["default_gen_ratio"] > 0
