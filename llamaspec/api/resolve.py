@@ -88,23 +88,23 @@ def _auto(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool =
     gpu = decodes_on_gpu(n_gpu_layers)
     # The default's choice is kept while what it read is unchanged (pairing/choice_memo.py): a
     # 32-token answer must not pay the pairing code's imports and header reads on every run.
-    memo_key = choice_memo.key(r.target_path, search, offline, n_gpu_layers, gpu) if local_only else None
-    kept = choice_memo.lookup(memo_key) if memo_key is not None else None
+    # (--draft auto may download: chosen every time, nothing witnessed)
+    if not local_only:
+        return _choose(r, search, offline, local_only, n_gpu_layers, gpu)
+    memo_key = choice_memo.key(r.target_path, search, offline, n_gpu_layers, gpu)
+    kept = choice_memo.lookup(memo_key)
     if isinstance(kept, _Chosen):
-        kept.apply(r)
-        return
+        return kept.apply(r)
     before = _Chosen.of(r)
     with choice_memo.witnessed() as seen:
         _choose(r, search, offline, local_only, n_gpu_layers, gpu)
-        if memo_key is not None:
-            from llamaspec.pairing.registry import default_pairings_dir
-            from llamaspec.tune.draft_costs import store_path
+        from llamaspec.pairing.registry import default_pairings_dir
+        from llamaspec.tune.draft_costs import store_path
 
-            pairings = default_pairings_dir()
-            for path in [pairings, *sorted(pairings.glob("*.yaml")), store_path()]:
-                choice_memo.witness(path)
-    if memo_key is not None:
-        choice_memo.save(memo_key, seen, _Chosen.of(r).since(before))
+        pairings = default_pairings_dir()
+        for path in [pairings, *sorted(pairings.glob("*.yaml")), store_path()]:
+            choice_memo.witness(path)
+    choice_memo.save(memo_key, seen, _Chosen.of(r).since(before))
 
 
 @dataclass

@@ -33,12 +33,17 @@ _LOCK = threading.Lock()
 _IN_PROCESS: dict[str, object] = {}   # this process's results (a run reads its target twice)
 
 
-def memo_dir() -> Path | None:
-    where = os.environ.get(ENV, "")
+def memo_dir(env: str = ENV, under: str | None = None) -> Path | None:
+    """Where entries are kept: $`env` ("0": nowhere, else that folder), else the folder `under`
+    this memo's own (nowhere when this one is off), else ~/.cache/llamaspec/gguf-memo."""
+    where = os.environ.get(env, "")
     if where == "0":
         return None
     if where:
         return Path(where).expanduser()
+    if under is not None:
+        base = memo_dir()
+        return None if base is None else base / under
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "llamaspec" / "gguf-memo"
 

@@ -28,6 +28,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from llamaspec.gguf import file_memo
+
 VERSION = 1
 ENV = "LLAMASPEC_CHOICE_MEMO"
 #: the environment a choice depends on: where models, the registry and the stores are
@@ -64,15 +66,7 @@ def witnessed() -> Iterator[dict[str, tuple[int, int] | None]]:
 
 
 def memo_dir() -> Path | None:
-    where = os.environ.get(ENV, "")
-    if where == "0":
-        return None
-    if where:
-        return Path(where).expanduser()
-    from llamaspec.gguf.file_memo import memo_dir as headers_dir
-
-    base = headers_dir()
-    return None if base is None else base / "choices"
+    return file_memo.memo_dir(ENV, under="choices")
 
 
 def key(target: str | os.PathLike[str], search: Sequence[str | os.PathLike[str]], *parts: object) -> str:
@@ -104,6 +98,4 @@ def lookup(k: str) -> object | None:
 def save(k: str, witnesses: dict[str, tuple[int, int] | None], value: object) -> None:
     folder = memo_dir()
     if folder is not None:
-        from llamaspec.gguf.file_memo import store
-
-        store(folder, k, (dict(witnesses), value))
+        file_memo.store(folder, k, (dict(witnesses), value))
