@@ -97,6 +97,7 @@ class Model:
         from llamaspec.runtime.info import apply_buffer_policy
 
         self.path = Path(path)
+        self.n_gpu_layers = n_gpu_layers
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         if load_mtp:

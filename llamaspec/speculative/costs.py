@@ -10,7 +10,7 @@ import statistics
 from collections import deque
 from typing import Callable, Sequence
 
-__all__ = ["CostModel", "RECALIBRATE_STEPS", "marginal_charges", "shared_step_ratios"]
+__all__ = ["CostModel", "RECALIBRATE_STEPS", "marginal_charges", "shared_step_ratios", "size_bucket"]
 
 #: a plain step is timed again after this many timed batches without one (the cost of t(1) drifts
 #: with the machine's load; one step in 200 is < 0.5% of drafting)
@@ -35,7 +35,8 @@ WINDOW = 9
 _BUCKET_SIZES = (2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-def _bucket(n: int) -> int:
+def size_bucket(n: int) -> int:
+    """The bucket of batch size n: 2, 3-4, 5-8, ... (0, 1, 2, ...)."""
     for i, edge in enumerate(_BUCKET_SIZES):
         if n <= edge:
             return i
@@ -63,10 +64,13 @@ class CostModel:
     def __init__(self, verify_ratio_fn: Callable[[int], float] | None = None,
                  draft_ratio_value: float | None = None, default_slope: float = DEFAULT_SLOPE,
                  draft_ratio_prior: float = 0.0,
-                 decay: float = 0.98):
+                 decay: float = 0.98, prior: Sequence[tuple[float, float]] | None = None):
         self.verify_ratio_fn = verify_ratio_fn
         self.draft_ratio_value = draft_ratio_value
         self.draft_ratio_prior = draft_ratio_prior  # before any draft is timed (measured at load)
+        # ((n, t(n)/t(1)), ...) this target measured before (curve_memo.py, or the engine's
+        # earlier sequences): the price of a batch size until this model has timed its own bucket
+        self.prior = tuple(prior) if prior else ()
         self.default_slope = default_slope
         self.decay = decay
         self._w = self._sn = self._snn = self._st = self._snt = 0.0  # batches of 2+ (all, until one)
@@ -102,8 +106,7 @@ class CostModel:
         elif self._w > 0.0 and self._sn <= self._w:  # the first batch: drop the one-token points
             self._w = self._sn = self._snn = self._st = self._snt = 0.0
         if n_tokens > 1:
-            b = _bucket(n_tokens)
-            self._recent[_bucket(n_tokens)].append((n_tokens, seconds))
+            self._recent[size_bucket(n_tokens)].append((n_tokens, seconds))
         self._w = self._w * g + 1.0
         self._sn = self._sn * g + n_tokens
         self._snn = self._snn * g + n_tokens * n_tokens
@@ -179,6 +182,9 @@ class CostModel:
             a, b = ab
         t1 = self.decode_seconds if ab is not None else a + b
         pts = [(statistics.median(n for n, _ in r), statistics.median(t for _, t in r)) for r in self._recent if r]
+        if self.prior:   # sizes not timed here yet: what this target measured before
+            have = {size_bucket(round(n)) for n, _ in pts}
+            pts = sorted(pts + [(n, r * t1) for n, r in self.prior if size_bucket(round(n)) not in have])
         out, top = [1.0], 1.0
         for k in range(1, k_max + 1):
             n = k + 1
@@ -196,6 +202,15 @@ class CostModel:
             top = max(top, t / t1, 1.0)
             out.append(top)
         return out
+
+    def measured_curve(self) -> tuple[tuple[float, float], ...]:
+        """((n, t(n)/t(1)), ...): the median of each batch-size bucket timed here over the median
+        one-token step (what curve_memo.py keeps for the next run); () before both were timed."""
+        if not self._ones:
+            return ()
+        t1 = statistics.median(self._ones)
+        return tuple((float(statistics.median(n for n, _ in r)), max(1.0, statistics.median(t for _, t in r) / t1))
+                     for r in self._recent if r)
 
     @property
     def draft_ratio(self) -> float:

@@ -30,6 +30,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from llamaspec.speculative.controller import CostModel, DraftLengthController
+from llamaspec.speculative import curve_memo
 from llamaspec.speculative.costs import marginal_charges, shared_step_ratios
 from llamaspec.speculative.match_controller import MatchController, RiskBudget
 from llamaspec.speculative.sequence import (  # noqa: F401  (GenerationConfig & co. are the engine's API too)
@@ -48,7 +49,7 @@ from llamaspec.speculative.drafters.base import Draft, Drafter
 from llamaspec.speculative.prefix import common_prefix
 from llamaspec.speculative.prompt_cache import PromptCache, swap_in
 from llamaspec.errors import LlamaspecError
-from llamaspec.runtime.llama import Model
+from llamaspec.runtime.llama import Model, default_threads
 from llamaspec.runtime.context import Context
 from llamaspec.speculative.metrics import SpecStats
 from llamaspec.speculative.verify import (
@@ -85,8 +86,14 @@ class SpecEngine:
         # generate_many's RAM prompt cache (batch --cache-ram, as llama-server's): a sequence id's
         # KV saved before a different prompt cuts it, restored for a prompt sharing more of it
         self.prompt_cache: PromptCache | None = None
+        # This target's verify curve (a lone sequence's step times by batch size): kept from
+        # earlier runs (curve_memo.py), then measured over this engine's sequences. A new
+        # sequence's controllers price their first drafts by it, not by a prior line.
+        self._curve_key = curve_memo.key(target.path, ctx.config.n_threads or default_threads(),
+                                         getattr(target, "n_gpu_layers", 0))
+        self._lone_cost = CostModel(prior=curve_memo.load(self._curve_key))
         # Times of whole multi-sequence batches: the curve that prices each sequence's draft rows.
-        self._batch_cost = CostModel()
+        self._batch_cost = CostModel(prior=self._lone_cost.prior)
         # Each copying drafter's loss budget, kept across sequences (match_controller.RiskBudget).
         self._risk: dict[str, RiskBudget] = {}
         # The live grammar state of each sequence generating under one (seq_id -> GrammarState,
@@ -213,10 +220,22 @@ class SpecEngine:
             charges = marginal_charges(lengths, n_prompt, verify_s, self._batch_cost.batch_curve(total))
         else:
             charges = [verify_s]
+            self._lone_cost.observe_verify(total, verify_s)
         for s, first, n, charge in zip(seqs, firsts, lengths, charges):
             s.settle(rows[first:first + n], charge)
 
     # -- helpers shared by the sequences -----------------------------------------------------------
+    def verify_curve(self) -> "curve_memo.Curve":
+        """((n, t(n)/t(1)), ...) of this target as known now: measured by this engine's lone
+        steps, else kept from earlier runs."""
+        return curve_memo.merge(self._lone_cost.prior, self._lone_cost.measured_curve())
+
+    def keep_curve(self) -> None:
+        """Keep what this engine measured of the curve for the next run (Pipeline.close)."""
+        measured = self._lone_cost.measured_curve()
+        if measured:
+            curve_memo.save(self._curve_key, measured)
+
     def controllers_for(self, config: GenerationConfig, reproducible: bool) -> dict[str, DraftLengthController]:
         """One adaptive controller per drafter (chain members each get their own), for this
         sequence: a paused draft model must not stop a free n-gram drafter from being tried.
@@ -239,7 +258,7 @@ class SpecEngine:
                 return DraftLengthController(n_min=n_min, n_max=n_max, cost=c, prior_alpha=prior_alpha,
                                              resume_tokens=resume)
 
-            cost = CostModel(draft_ratio_prior=d.measured_cost)
+            cost = CostModel(draft_ratio_prior=d.measured_cost, prior=self.verify_curve())
             if fixed:
                 slope = CostModel().default_slope
                 cost = CostModel(verify_ratio_fn=lambda k, s=slope: (1.0 + s * (k + 1)) / (1.0 + s),

@@ -42,6 +42,7 @@ class Pipeline:
 
     def close(self, keep_target: bool = False) -> None:
         """Free contexts and the draft model; the target too unless it was passed in to be reused."""
+        self.engine.keep_curve()   # what this target's verify batches cost, for the next run
         Built(self.drafter, self.draft_model, self.more_draft_models).close()   # the drafter, then its models
         self.ctx.close()
         if not keep_target:
