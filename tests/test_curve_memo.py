@@ -37,7 +37,7 @@ def test_a_kept_curve_prices_sizes_not_yet_timed_and_gives_way_to_timings():
         kept.observe_verify(2, 0.045)
     assert kept.verify_ratio(1) == pytest.approx(1.5)       # its own timing replaces the kept 1.86
     assert kept.verify_ratio(7) == pytest.approx(7.0)       # sizes it has not timed keep the kept price
-    assert kept.measured_curve() == ((2.0, 1.5),)
+    assert kept.measured_curve() == ((2.0, 1.5, 3.0),)        # (n, t(n)/t(1), timings)
 
 
 def test_the_first_draft_of_a_weak_match_is_declined_on_a_dear_curve():
@@ -47,10 +47,16 @@ def test_the_first_draft_of_a_weak_match_is_declined_on_a_dear_curve():
     assert _controller(CostModel(prior=QWEN)).choose(2) == 0
 
 
-def test_merge_keeps_the_old_points_of_sizes_not_measured_again():
-    got = curve_memo.merge(QWEN, ((2.0, 1.7), (12.0, 8.0)))
-    assert got == ((2.0, 1.7), (4, 3.22), (8, 7.0), (12.0, 8.0), (32, 14.48))
-    assert {costs.size_bucket(round(n)) for n, _ in got} == {0, 1, 2, 3, 4}
+def test_merge_keeps_the_old_points_of_sizes_not_measured_again_and_weighs_the_others():
+    got = curve_memo.merge(QWEN, ((2.0, 1.7, 1.0), (12.0, 8.0, 3.0), (64.0, 24.0, 2.0)))
+    assert [costs.size_bucket(round(n)) for n, _, _ in got] == [0, 1, 2, 3, 4, 5]  # one point per bucket
+    assert got[0][1] == pytest.approx((1.86 + 1.7) / 2)        # a kept point without a count weighs 1
+    assert got[1:3] == ((4.0, 3.22, 1.0), (8.0, 7.0, 1.0))    # sizes not timed again: kept
+    assert got[3] == pytest.approx((13.0, 8.095, 4.0))        # 9-16: (16, 8.38) once and (12, 8.0) thrice
+    assert got[5] == (64.0, 24.0, 2.0)                         # a size only the new run timed
+    # a point kept over many runs counts for at most WEIGHT_CAP timings: a changed machine is followed
+    old = ((8.0, 7.0, 1000.0),)
+    assert curve_memo.merge(old, ((8.0, 3.0, 16.0),))[0][1] == pytest.approx(5.0)
 
 
 def test_a_damaged_entry_is_a_cold_start(tmp_path, monkeypatch, smollm2_f16):
@@ -58,8 +64,8 @@ def test_a_damaged_entry_is_a_cold_start(tmp_path, monkeypatch, smollm2_f16):
     k = curve_memo.key(smollm2_f16, 2, 0)
     (tmp_path / f"{k}.pkl").write_bytes(b"not a pickle")
     assert curve_memo.load(k) is None
-    curve_memo.save(k, ((2.0, 1.5),))
-    assert curve_memo.load(k) == ((2.0, 1.5),)
+    curve_memo.save(k, ((2.0, 1.5, 4.0),))
+    assert curve_memo.load(k) == ((2.0, 1.5, 4.0),)
     assert curve_memo.key(smollm2_f16, 4, 0) != k            # other threads: another curve
     assert curve_memo.key(tmp_path / "missing.gguf", 2, 0) is None
 
@@ -82,7 +88,7 @@ def test_a_second_run_starts_from_the_curve_the_first_measured(run_cli, smollm2_
     assert json.loads(first.stdout)["drafted"] > 0
     assert priors and all(p == () for p in priors)          # nothing kept yet: the prior line
     kept = curve_memo.load(curve_memo.key(smollm2_f16, 2, 0))
-    assert kept and all(n >= 2 and r >= 1.0 for n, r in kept)
+    assert kept and all(n >= 2 and r >= 1.0 and w >= 1 for n, r, w in kept)
     priors.clear()
     second = run_cli("run", smollm2_f16, "-p", edit["prompt"], "-n", "64", "--temp", "0", "-t", "2", "--json")
     assert second.exit_code == 0, second.stderr

@@ -64,12 +64,12 @@ class CostModel:
     def __init__(self, verify_ratio_fn: Callable[[int], float] | None = None,
                  draft_ratio_value: float | None = None, default_slope: float = DEFAULT_SLOPE,
                  draft_ratio_prior: float = 0.0,
-                 decay: float = 0.98, prior: Sequence[tuple[float, float]] | None = None):
+                 decay: float = 0.98, prior: Sequence[Sequence[float]] | None = None):
         self.verify_ratio_fn = verify_ratio_fn
         self.draft_ratio_value = draft_ratio_value
         self.draft_ratio_prior = draft_ratio_prior  # before any draft is timed (measured at load)
-        # ((n, t(n)/t(1)), ...) this target measured before (curve_memo.py, or the engine's
-        # earlier sequences): the price of a batch size until this model has timed its own bucket
+        # ((n, t(n)/t(1)[, timings]), ...) this target measured before (curve_memo.py, or the
+        # engine's earlier sequences): the price of a batch size until this model has timed its own
         self.prior = tuple(prior) if prior else ()
         self.default_slope = default_slope
         self.decay = decay
@@ -184,7 +184,7 @@ class CostModel:
         pts = [(statistics.median(n for n, _ in r), statistics.median(t for _, t in r)) for r in self._recent if r]
         if self.prior:   # sizes not timed here yet: what this target measured before
             have = {size_bucket(round(n)) for n, _ in pts}
-            pts = sorted(pts + [(n, r * t1) for n, r in self.prior if size_bucket(round(n)) not in have])
+            pts = sorted(pts + [(p[0], p[1] * t1) for p in self.prior if size_bucket(round(p[0])) not in have])
         out, top = [1.0], 1.0
         for k in range(1, k_max + 1):
             n = k + 1
@@ -203,14 +203,15 @@ class CostModel:
             out.append(top)
         return out
 
-    def measured_curve(self) -> tuple[tuple[float, float], ...]:
-        """((n, t(n)/t(1)), ...): the median of each batch-size bucket timed here over the median
-        one-token step (what curve_memo.py keeps for the next run); () before both were timed."""
-        if not self._ones:
+    def measured_curve(self) -> tuple[tuple[float, float, float], ...]:
+        """((n, t(n)/t(1), timings), ...): the median of each batch-size bucket timed here over the
+        median one-token step (what curve_memo.py keeps for the next run); () before 3 one-token
+        steps were timed (t(1) from fewer is noise every ratio would carry)."""
+        if len(self._ones) < 3:
             return ()
         t1 = statistics.median(self._ones)
-        return tuple((float(statistics.median(n for n, _ in r)), max(1.0, statistics.median(t for _, t in r) / t1))
-                     for r in self._recent if r)
+        return tuple((float(statistics.median(n for n, _ in r)), max(1.0, statistics.median(t for _, t in r) / t1),
+                      float(len(r))) for r in self._recent if r)
 
     @property
     def draft_ratio(self) -> float:

@@ -26,10 +26,12 @@ from typing import Sequence
 
 from llamaspec.gguf import file_memo
 
-VERSION = 1
+VERSION = 2
 ENV = "LLAMASPEC_CURVE_MEMO"
 
-Curve = tuple[tuple[float, float], ...]   # ((batch size n, t(n) / t(1)), ...) by n
+Curve = tuple[tuple[float, float, float], ...]   # ((batch size n, t(n) / t(1), timings), ...) by n
+#: the most timings a kept point counts for against a new run's (see merge)
+WEIGHT_CAP = 16.0
 
 
 def memo_dir() -> Path | None:
@@ -56,25 +58,37 @@ def load(k: str | None) -> Curve | None:
     try:
         with open(folder / f"{k}.pkl", "rb") as f:
             curve = pickle.load(f)
-        return tuple((float(n), float(r)) for n, r in curve)
+        return tuple((float(n), float(r), float(w)) for n, r, w in curve)
     except Exception:   # absent, damaged, from another Python: a cold start
         return None
 
 
-def merge(old: Sequence[tuple[float, float]] | None, new: Sequence[tuple[float, float]]) -> Curve:
-    """`new`'s points, and `old`'s at the sizes `new` did not measure (a power-of-two bucket each).
+def merge(old: Sequence[Sequence[float]] | None, new: Sequence[Sequence[float]]) -> Curve:
+    """Points (n, t(n)/t(1), timings) of both, one per power-of-two size bucket: where both have
+    one, their average weighted by timings (the kept side's counting at most `WEIGHT_CAP`, so a
+    machine that changed is followed within a few runs, and one odd timing moves little).
 
-        >>> merge([(2, 1.9), (8, 7.0), (32, 14.5)], [(2, 1.8), (6, 5.1)])
-        ((2, 1.8), (6, 5.1), (32, 14.5))
+        >>> merge([(2, 1.9, 8), (32, 14.5, 2)], [(2, 1.5, 8), (6, 5.1, 1)])
+        ((2.0, 1.7, 16.0), (6.0, 5.1, 1.0), (32.0, 14.5, 2.0))
+        >>> merge([(8, 7.0, 3)], [(8, 3.0, 1)])        # one odd timing against three
+        ((8.0, 6.0, 4.0),)
     """
     from llamaspec.speculative.costs import size_bucket
 
-    have = {size_bucket(round(n)) for n, _ in new}
-    kept = [(n, r) for n, r in (old or ()) if size_bucket(round(n)) not in have]
-    return tuple(sorted([*new, *kept]))
+    points: dict[int, tuple[float, float, float]] = {}
+    for n, r, *w in (old or ()):
+        points[size_bucket(round(n))] = (float(n), float(r), min(float(w[0]) if w else 1.0, WEIGHT_CAP))
+    for n, r, *w in new:
+        b, wn = size_bucket(round(n)), float(w[0]) if w else 1.0
+        if b in points:
+            n0, r0, w0 = points[b]
+            points[b] = ((n0 * w0 + n * wn) / (w0 + wn), (r0 * w0 + r * wn) / (w0 + wn), w0 + wn)
+        else:
+            points[b] = (float(n), float(r), wn)
+    return tuple(points[b] for b in sorted(points))
 
 
-def save(k: str | None, measured: Sequence[tuple[float, float]]) -> None:
+def save(k: str | None, measured: Sequence[Sequence[float]]) -> None:
     """Keep what this run measured (merged over what was kept). Best effort, never raises."""
     folder = memo_dir()
     if k is None or folder is None or not measured:
