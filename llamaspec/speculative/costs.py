@@ -82,6 +82,10 @@ class CostModel:
         # cores), and a mean of those prices every batch by them
         self._recent: list[deque] = [deque(maxlen=WINDOW) for _ in range(len(_BUCKET_SIZES) + 1)]
         self._ones: deque = deque(maxlen=WINDOW)
+        # each bucket's (median size, median time), and t(1)'s median, until a timing changes them:
+        # the controllers price drafts every step, and ten medians a call were ~0.1 ms of a 10 ms step
+        self._medians: list[tuple[float, float] | None] = [None] * len(self._recent)
+        self._t1_median: float | None = None
         # While the sequence shares its steps with others, the engine prices its drafts by the
         # shared batch's curve (shared_step_ratios): k_max -> [C(0..k_max)]; None when alone.
         self.shared: Callable[[int], list[float]] | None = None
@@ -101,12 +105,14 @@ class CostModel:
             self._one_w = self._one_w * g + 1.0
             self._one_s = self._one_s * g + seconds
             self._ones.append(seconds)
+            self._t1_median = None
             if self._w > 0.0 and self._sn > self._w:  # batches seen: the line is theirs alone
                 return
         elif self._w > 0.0 and self._sn <= self._w:  # the first batch: drop the one-token points
             self._w = self._sn = self._snn = self._st = self._snt = 0.0
         if n_tokens > 1:
             self._recent[size_bucket(n_tokens)].append((n_tokens, seconds))
+            self._medians[size_bucket(n_tokens)] = None
         self._w = self._w * g + 1.0
         self._sn = self._sn * g + n_tokens
         self._snn = self._snn * g + n_tokens * n_tokens
@@ -156,7 +162,9 @@ class CostModel:
     def decode_seconds(self) -> float | None:
         """Estimated time of one plain decode step t(1): measured, else from the line."""
         if self._ones:
-            return statistics.median(self._ones)
+            if self._t1_median is None:
+                self._t1_median = statistics.median(self._ones)
+            return self._t1_median
         ab = self.line()
         return None if ab is None else ab[0] + ab[1]
 
@@ -181,7 +189,7 @@ class CostModel:
         else:
             a, b = ab
         t1 = self.decode_seconds if ab is not None else a + b
-        pts = [(statistics.median(n for n, _ in r), statistics.median(t for _, t in r)) for r in self._recent if r]
+        pts = self._bucket_medians()
         if self.prior:   # sizes not timed here yet: what this target measured before
             have = {size_bucket(round(n)) for n, _ in pts}
             pts = sorted(pts + [(p[0], p[1] * t1) for p in self.prior if size_bucket(round(p[0])) not in have])
@@ -203,15 +211,27 @@ class CostModel:
             out.append(top)
         return out
 
+    def _bucket_medians(self) -> list[tuple[float, float]]:
+        """(median size, median seconds) of each bucket timed, smallest first."""
+        pts = []
+        for i, r in enumerate(self._recent):
+            if r:
+                m = self._medians[i]
+                if m is None:
+                    m = self._medians[i] = (statistics.median(n for n, _ in r), statistics.median(t for _, t in r))
+                pts.append(m)
+        return pts
+
     def measured_curve(self) -> tuple[tuple[float, float, float], ...]:
         """((n, t(n)/t(1), timings), ...): the median of each batch-size bucket timed here over the
-        median one-token step (what curve_memo.py keeps for the next run); () before 3 one-token
-        steps were timed (t(1) from fewer is noise every ratio would carry)."""
-        if len(self._ones) < 3:
+        median one-token step (what curve_memo.py keeps for the next run); () before a one-token
+        step was timed. `timings` counts the fewer of the two medians' timings (a run that drafts
+        every step times t(1) once or twice: its ratios weigh that little)."""
+        if not self._ones:
             return ()
-        t1 = statistics.median(self._ones)
-        return tuple((float(statistics.median(n for n, _ in r)), max(1.0, statistics.median(t for _, t in r) / t1),
-                      float(len(r))) for r in self._recent if r)
+        t1 = self.decode_seconds
+        return tuple((float(n), max(1.0, t / t1), float(min(len(r), len(self._ones))))
+                     for (n, t), r in zip(self._bucket_medians(), (r for r in self._recent if r)))
 
     @property
     def draft_ratio(self) -> float:
