@@ -264,3 +264,29 @@ def test_the_opening_forced_text_is_verified_in_the_prompts_batch(smollm2_f16):
     assert len(opened) > 2 and out.tokens == plain.tokens, (target.detokenize(opened), out.text, plain.text)
     opened_text = target.detokenize(opened)   # `{"name": "`, laid out as the model does (on lines here)
     assert opened_text.startswith("{") and '"name": "' in opened_text, opened_text
+
+
+def test_forced_text_is_priced_as_near_certain_on_a_steep_curve(model):
+    """SmolLM2 on 1 core: t(2) = 2.4 t(1). A draft of unknown acceptance (the 0.6 prior) is not worth
+    a step there, but forced text is near certain: a stretch of several forced tokens is drafted
+    whole, a single forced token (2 tokens for 2.4 steps) is not."""
+    from llamaspec.speculative.controller import DraftLengthController
+    from llamaspec.speculative.costs import CostModel
+    from llamaspec.speculative.match_controller import MatchController, RiskBudget
+
+    steep = ((2, 2.4), (4, 2.9), (8, 3.6), (16, 5.0))
+    assert GrammarJumpDrafter.sizes_by_match and not GrammarJumpDrafter.bounded_risk
+
+    def ctl():   # as the engine builds it for this drafter (controllers_for): no loss budget
+        return MatchController(lambda c, a: DraftLengthController(n_min=1, n_max=16, cost=c, prior_alpha=a),
+                               CostModel(prior=steep), risk=RiskBudget.unbounded())
+
+    assert ctl().fallback.choose() == 0                       # what an acceptance prior drafts here
+    c = ctl()
+    d, _, toks = _drafter(model, KEYS, "{")
+    draft = d.propose_within(0, [1, 2, 3] + toks, lambda dr, match=None: c.choose(match))
+    assert model.detokenize(draft.tokens) == '"name": "' and len(draft.tokens) >= 3
+    from llamaspec.speculative.drafters.grammar_jump import FORCED_P
+    from llamaspec.speculative.match_controller import CopyEvidence
+
+    assert ctl().choose(CopyEvidence(1, [FORCED_P])) == 0      # one forced token: 2 tokens for 2.4 steps
