@@ -65,14 +65,10 @@ def memo(kind: str, files: Sequence[str | os.PathLike[str]], compute: Callable[[
         if key in _IN_PROCESS:
             return _IN_PROCESS[key]   # type: ignore[return-value]
     folder = memo_dir()
-    if folder is not None:
-        try:
-            with open(folder / f"{key}.pkl", "rb") as f:
-                value = pickle.load(f)
-            _keep(key, value)
-            return value
-        except Exception:   # absent, damaged, from another Python: recompute
-            pass
+    value = read(folder, key)
+    if value is not None:
+        _keep(key, value)
+        return value
     value = compute()
     _keep(key, value)
     if folder is not None:
@@ -85,6 +81,18 @@ def _keep(key: str, value: object) -> None:
         _IN_PROCESS[key] = value
         while len(_IN_PROCESS) > 64:
             _IN_PROCESS.pop(next(iter(_IN_PROCESS)))
+
+
+def read(folder: Path | None, key: str) -> object | None:
+    """The entry kept under `key` in `folder`, or None: absent, damaged, from another Python, or
+    no folder (the memo is off). Never raises."""
+    if folder is None:
+        return None
+    try:
+        with open(folder / f"{key}.pkl", "rb") as f:
+            return pickle.load(f)
+    except Exception:
+        return None
 
 
 def store(folder: Path, key: str, value: object) -> None:

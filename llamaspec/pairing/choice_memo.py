@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -82,13 +81,9 @@ def key(target: str | os.PathLike[str], search: Sequence[str | os.PathLike[str]]
 
 def lookup(k: str) -> object | None:
     """The value saved under `k` if every witness still has its stamp, else None."""
-    folder = memo_dir()
-    if folder is None:
-        return None
     try:
-        with open(folder / f"{k}.pkl", "rb") as f:
-            witnesses, value = pickle.load(f)
-    except Exception:   # absent, damaged, from another Python: choose again
+        witnesses, value = file_memo.read(memo_dir(), k)   # type: ignore[misc]
+    except (TypeError, ValueError):   # absent, damaged, from another Python: choose again
         return None
     if any(stamp(path) != st for path, st in witnesses.items()):
         return None

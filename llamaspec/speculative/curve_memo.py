@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import platform
 from pathlib import Path
 from typing import Sequence
@@ -38,7 +37,7 @@ def memo_dir() -> Path | None:
     return file_memo.memo_dir(ENV, under="verify-curves")
 
 
-def key(model_path: str | os.PathLike[str], n_threads: int, n_gpu_layers: int, *parts: object) -> str | None:
+def key(model_path: str | os.PathLike[str], n_threads: int, n_gpu_layers: int) -> str | None:
     """The curve's key, or None when the model file cannot be stat'ed."""
     import llama_cpp
 
@@ -47,19 +46,17 @@ def key(model_path: str | os.PathLike[str], n_threads: int, n_gpu_layers: int, *
     except OSError:
         return None
     what = [VERSION, os.path.realpath(model_path), st.st_size, st.st_mtime_ns, n_threads, n_gpu_layers,
-            getattr(llama_cpp, "__version__", "?"), platform.machine(), os.cpu_count(), parts]
+            getattr(llama_cpp, "__version__", "?"), platform.machine(), os.cpu_count()]
     return hashlib.sha256(repr(what).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def load(k: str | None) -> Curve | None:
-    folder = memo_dir()
-    if k is None or folder is None:
+    curve = file_memo.read(memo_dir(), k) if k is not None else None
+    if curve is None:
         return None
     try:
-        with open(folder / f"{k}.pkl", "rb") as f:
-            curve = pickle.load(f)
-        return tuple((float(n), float(r), float(w)) for n, r, w in curve)
-    except Exception:   # absent, damaged, from another Python: a cold start
+        return tuple((float(n), float(r), float(w)) for n, r, w in curve)   # type: ignore[union-attr]
+    except (TypeError, ValueError):   # damaged, or an older layout: a cold start
         return None
 
 

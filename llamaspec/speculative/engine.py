@@ -88,9 +88,10 @@ class SpecEngine:
         self.prompt_cache: PromptCache | None = None
         # This target's verify curve (a lone sequence's step times by batch size): kept from
         # earlier runs (curve_memo.py), then measured over this engine's sequences. A new
-        # sequence's controllers price their first drafts by it, not by a prior line.
-        self._curve_key = curve_memo.key(target.path, ctx.config.n_threads or default_threads(),
-                                         getattr(target, "n_gpu_layers", 0))
+        # sequence's controllers price their first drafts by it, not by a prior line. Plain
+        # decoding (no drafter) neither reads nor keeps one.
+        self._curve_key = (curve_memo.key(target.path, ctx.config.n_threads or default_threads(), target.n_gpu_layers)
+                           if drafter is not None else None)
         self._lone_cost = CostModel(prior=curve_memo.load(self._curve_key))
         # Times of whole multi-sequence batches: the curve that prices each sequence's draft rows.
         self._batch_cost = CostModel(prior=self._lone_cost.prior)
@@ -220,14 +221,15 @@ class SpecEngine:
             charges = marginal_charges(lengths, n_prompt, verify_s, self._batch_cost.batch_curve(total))
         else:
             charges = [verify_s]
-            self._lone_cost.observe_verify(total, verify_s)
+            if self.drafter is not None:   # the curve a drafter's first drafts are priced by
+                self._lone_cost.observe_verify(total, verify_s)
         for s, first, n, charge in zip(seqs, firsts, lengths, charges):
             s.settle(rows[first:first + n], charge)
 
     # -- helpers shared by the sequences -----------------------------------------------------------
     def verify_curve(self) -> "curve_memo.Curve":
-        """((n, t(n)/t(1)), ...) of this target as known now: measured by this engine's lone
-        steps, else kept from earlier runs."""
+        """((n, t(n)/t(1), timings), ...) of this target as known now: measured by this engine's
+        lone steps, else kept from earlier runs."""
         return curve_memo.merge(self._lone_cost.prior, self._lone_cost.measured_curve())
 
     def keep_curve(self) -> None:
@@ -251,6 +253,7 @@ class SpecEngine:
         # In a chain, who drafts a position decides how it is verified: all members, then.
         fixed = reproducible and any(d.samples for d in members)
         n_min, n_max = max(1, config.draft_min), config.draft_max
+        curve = self.verify_curve()
 
         ctls = {}
         for d in members:
@@ -258,7 +261,7 @@ class SpecEngine:
                 return DraftLengthController(n_min=n_min, n_max=n_max, cost=c, prior_alpha=prior_alpha,
                                              resume_tokens=resume)
 
-            cost = CostModel(draft_ratio_prior=d.measured_cost, prior=self.verify_curve())
+            cost = CostModel(draft_ratio_prior=d.measured_cost, prior=curve)
             if fixed:
                 slope = CostModel().default_slope
                 cost = CostModel(verify_ratio_fn=lambda k, s=slope: (1.0 + s * (k + 1)) / (1.0 + s),
