@@ -103,7 +103,7 @@ def test_controller_drafts_long_inside_a_copy_and_nothing_after_weak_matches():
 
 def test_first_drafts_risk_little_and_grow_with_what_drafting_saved():
     mc = _controller(EPYC, probe_every=1000)
-    strong = CopyEvidence(40, [0.995] * 63)
+    strong = CopyEvidence(8, [0.995] * 63)   # a copy not yet proven (< TRUSTED_AGREEMENT tokens)
     assert mc.choose(strong) == 1            # nothing saved yet: a failure may cost C(1) - 1 = 0.9 steps
     for _ in range(6):                       # six 1-token drafts accepted: 2 tokens for 1.9 steps each
         mc.observe(1, 1)
@@ -115,6 +115,50 @@ def test_first_drafts_risk_little_and_grow_with_what_drafting_saved():
     assert mc.choose(strong) >= 40           # a copy that paid drafts as long as the evidence says
     # on a GPU-like flat curve even a first draft is long: its failure costs a fifth of a step
     assert _controller({1: 1.0, 2: 1.01, 64: 1.2}).choose(strong) == 63
+
+
+QWEN = {1: 1.0, 2: 1.86, 4: 3.22, 8: 7.00, 16: 8.38, 32: 14.48, 64: 24.82}   # the 1.5B, 2 cores
+
+
+def test_a_proven_copy_risks_its_expected_loss_where_the_curve_is_known():
+    """On the 1.5B's steep curve a draft of a copy that has agreed for TRUSTED_AGREEMENT tokens is
+    charged (1 - p) of its cost: the module copied from the prompt is drafted long from its first
+    step, where the whole cost (C(2) = 1.86 > 1 step of budget) held it to 1 token."""
+    assert match_controller.TRUSTED_AGREEMENT == 12
+    probs = [0.99] * 63
+    fresh = lambda: _controller(QWEN, probe_every=1000)   # noqa: E731
+    assert fresh().choose(CopyEvidence(11, probs)) == 1
+    k = fresh().choose(CopyEvidence(12, probs))
+    assert k >= 15 and (_interp(QWEN, k + 1) - 1.0) * 0.01 <= 1.0
+    # evidence less sure, a shorter draft: (1 - p) * (C(k) - 1) stays within the allowance
+    k_weak = fresh().choose(CopyEvidence(12, [0.9] * 63))
+    assert 1 <= k_weak < k and (_interp(QWEN, k_weak + 1) - 1.0) * 0.1 <= 1.0
+    # before any batch size is timed or kept (the prior line guesses the curve) the whole cost is
+    # charged: a guessed price is not one to risk a long draft on
+    guessed = MatchController(lambda c, p: DraftLengthController(n_min=1, n_max=63, cost=c, prior_alpha=p),
+                              CostModel(), probe_every=1000)
+    guessed.observe(0, 0, verify_seconds=0.03)    # t(1) timed, no batch
+    whole = guessed.risk.longest(guessed.cost.verify_ratios(63), 0.0, 63)   # C(k) - 1 <= 1 step
+    assert guessed.cost.known_size == 0 and guessed.choose(CopyEvidence(12, probs)) == whole < 15
+    # a curve kept from an earlier run (curve_memo.py) is known up to its largest size
+    kept = MatchController(lambda c, p: DraftLengthController(n_min=1, n_max=63, cost=c, prior_alpha=p),
+                           CostModel(prior=[(n, r, 16.0) for n, r in QWEN.items() if n > 1]), probe_every=1000)
+    kept.observe(0, 0, verify_seconds=0.03)
+    assert kept.cost.known_size == 64 and kept.choose(CopyEvidence(12, probs)) >= 15
+
+
+def test_a_proven_copy_that_always_fails_loses_at_most_the_budget_and_one_draft():
+    mc = _controller(QWEN, probe_every=1000)
+    lost = worst = 0.0
+    for _ in range(400):
+        k = mc.choose(CopyEvidence(30, [0.99] * 63))   # confident evidence, always wrong
+        count_steps({"m": mc})
+        mc.observe(k, 0)
+        cost = mc.cost.verify_ratio(k) if k else 1.0
+        lost += cost - 1.0
+        worst = max(worst, cost - 1.0)
+    assert lost <= mc.risk.base + mc.risk.share * 400 + worst
+    assert worst > 1.0   # its first draft was long (and lost)
 
 
 def test_drafting_that_always_fails_loses_at_most_the_budget():

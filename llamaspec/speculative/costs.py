@@ -6,6 +6,7 @@ batch of k draft tokens + 1, and d, drafting one token, both in units of t(1), o
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from typing import Callable, Sequence
@@ -210,6 +211,17 @@ class CostModel:
             top = max(top, t / t1, 1.0)
             out.append(top)
         return out
+
+    @property
+    def known_size(self) -> float:
+        """The largest batch this target's curve knows, timed here or kept from before (inf for a
+        given or shared curve, 0 when every size is priced by the prior line): past it, prices
+        are extrapolated along a slope that may be far below the model's (Qwen2.5-1.5B on 2
+        cores: 0.4 t(1) a token against the prior's 0.15)."""
+        if self.verify_ratio_fn is not None or self.shared is not None:
+            return math.inf
+        sizes = [n for n, _ in self._bucket_medians()] + [p[0] for p in self.prior]
+        return max(sizes, default=0.0)
 
     def _bucket_medians(self) -> list[tuple[float, float]]:
         """(median size, median seconds) of each bucket timed, smallest first."""
