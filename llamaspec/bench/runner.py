@@ -66,6 +66,8 @@ def run_mode(target: "Model", spec: str, prompt: Sequence[int], settings: BenchS
     sampling = SamplingParams(temperature=0.0)
     pipe = load_pipeline(target.path, opts, sampling, target=target)
     try:
+        if pipe.drafter is not None:   # a mode is measured with its draft model there from the start,
+            pipe.drafter.wait()        # as llama.cpp's tools load it (drafters/lazy.py)
         g = pipe.engine.generate(list(prompt), pipe.config(max_tokens=settings.n, sampling=sampling))
     finally:
         pipe.close(keep_target=True)

@@ -65,10 +65,14 @@ class CostModel:
     def __init__(self, verify_ratio_fn: Callable[[int], float] | None = None,
                  draft_ratio_value: float | None = None, default_slope: float = DEFAULT_SLOPE,
                  draft_ratio_prior: float = 0.0,
-                 decay: float = 0.98, prior: Sequence[Sequence[float]] | None = None):
+                 decay: float = 0.98, prior: Sequence[Sequence[float]] | None = None,
+                 draft_seconds: Callable[[], float | None] | None = None):
         self.verify_ratio_fn = verify_ratio_fn
         self.draft_ratio_value = draft_ratio_value
         self.draft_ratio_prior = draft_ratio_prior  # before any draft is timed (measured at load)
+        # or, better, a drafted token's seconds timed on the drafter alone (a draft model loaded
+        # beside the first steps: drafters/lazy.py), over the t(1) timed here
+        self.draft_seconds = draft_seconds
         # ((n, t(n)/t(1)[, timings]), ...) this target measured before (curve_memo.py, or the
         # engine's earlier sequences): the price of a batch size until this model has timed its own
         self.prior = tuple(prior) if prior else ()
@@ -251,8 +255,11 @@ class CostModel:
         if self.draft_ratio_value is not None:
             return self.draft_ratio_value
         t1 = self.decode_seconds
-        if not t1 or self._draft_n <= 0.0:
+        if not t1:
             return self.draft_ratio_prior
+        if self._draft_n <= 0.0:
+            alone = self.draft_seconds() if self.draft_seconds is not None else None
+            return alone / t1 if alone else self.draft_ratio_prior
         return (self._draft_s / self._draft_n) / t1
 
 

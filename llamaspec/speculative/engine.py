@@ -261,7 +261,7 @@ class SpecEngine:
                 return DraftLengthController(n_min=n_min, n_max=n_max, cost=c, prior_alpha=prior_alpha,
                                              resume_tokens=resume)
 
-            cost = CostModel(draft_ratio_prior=d.measured_cost, prior=curve)
+            cost = CostModel(draft_ratio_prior=d.measured_cost, prior=curve, draft_seconds=d.draft_token_seconds)
             if fixed:
                 slope = CostModel().default_slope
                 cost = CostModel(verify_ratio_fn=lambda k, s=slope: (1.0 + s * (k + 1)) / (1.0 + s),

@@ -266,3 +266,6 @@ class SpecOptions:
     # the loaded vocabularies (llama.cpp's rules); --spec-replace TARGET DRAFT pairs
     translated: bool | None = None
     spec_replace: tuple[tuple[str, str], ...] = ()
+    # draft-simple's model loads beside the first steps (drafters/lazy.py); False: before them,
+    # with its cost timed against the target's at load
+    lazy_draft: bool = True

@@ -67,8 +67,10 @@ class SequenceRun:
         self.n_prompt = len(prompt_tokens)
         prompt = list(prompt_tokens) or ([target.bos] if target.bos >= 0 else [])
         self.history = prompt
-        self.ctls = engine.controllers_for(config, reproducible=self.params.seed is not None
-                                        and not self.params.greedy)
+        reproducible = self.params.seed is not None and not self.params.greedy
+        if reproducible and engine.drafter is not None:
+            engine.drafter.wait()   # a draft model still loading: its first drafts must not follow a clock
+        self.ctls = engine.controllers_for(config, reproducible=reproducible)
         engine.last_controllers = self.ctls
         if on_piece is None and on_text is not None:
             on_piece = lambda text, from_draft, source, _lps: on_text(text, from_draft, source)  # noqa: E731

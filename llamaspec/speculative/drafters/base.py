@@ -134,6 +134,15 @@ class Drafter(ABC):
         that draft from the grammar keep the mapping (read it, clone a state, never advance it);
         the others need nothing from it."""
 
+    def wait(self) -> None:
+        """Block until the drafter can draft (a draft model loading beside the first steps:
+        lazy.py); drafters that are ready when built return at once."""
+
+    def draft_token_seconds(self) -> float | None:
+        """Seconds of one drafted token, timed on the drafter alone when the target's time was not
+        at hand (lazy.py: the controllers divide it by the target step they time); else None."""
+        return None
+
     def members(self) -> list["Drafter"]:
         """The drafters this one is made of, in priority order (itself, for a single drafter)."""
         return [self]

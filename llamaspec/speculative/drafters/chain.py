@@ -58,6 +58,10 @@ class ChainDrafter(Drafter):
     def members(self) -> list[Drafter]:
         return [m for d in self.drafters for m in d.members()]
 
+    def wait(self) -> None:
+        for d in self.drafters:
+            d.wait()
+
     def batch_member(self) -> Drafter | None:
         # the one member that batches, when the others only join every chain (the grammar
         # drafter, silent for sequences without a grammar): --draft X --parallel N keeps batching

@@ -62,38 +62,54 @@ def _suffix(opts, target, ctx, sampling) -> Built:
 
 
 def _draft_model(opts, target, ctx, sampling) -> Built:
+    """draft-simple, loaded beside the first steps (drafters/lazy.py): the target's prompt and first
+    tokens do not wait for it, and a draft that does not pay costs next to nothing."""
+    from llamaspec.speculative.drafters.lazy import LazyDrafter
+    from llamaspec.speculative.drafters.model import SYNC_WINDOW
+
+    if opts.draft_path is None:
+        raise UsageError("--spec-type draft needs a draft model", "pass --draft PATH (or --draft auto)")
+    # Decoding one token reads every weight once: sizes estimate the draft's cost per token.
+    cost_hint = opts.draft_path.stat().st_size / max(1, target.path.stat().st_size)
+    if not opts.lazy_draft:
+        drafter, model = _load_draft_model(opts, target, ctx, sampling, cost_hint)
+        # Sizes mislead on CPUs (a Q4 draft of an F16 target: a third of the bytes, nearly the
+        # time of a target step here), so the controller starts from timed decodes instead:
+        # without them it would learn the cost by drafting, which costs what it learns.
+        if ctx.seq_pos_max(0) < 0:
+            drafter.measured_cost = drafter.ctx.time_one_token(max(0, target.bos)) / ctx.time_one_token(max(0, target.bos))
+        return Built(drafter, model)
+    return Built(LazyDrafter(lambda: _load_draft_model(opts, target, ctx, sampling, cost_hint), name="draft-simple",
+                             cost_hint=cost_hint, resume_tokens=SYNC_WINDOW, probe_token=target.bos))
+
+
+def _load_draft_model(opts, target, ctx, sampling, cost_hint: float):
+    """(drafter, model) of draft-simple: the draft GGUF in a context of its own."""
     from llamaspec.speculative.drafters.model import ModelDrafter
     from llamaspec.runtime.llama import Model
     from llamaspec.runtime.context import Context as Ctx, ContextConfig
     from llamaspec.speculative.verify import target_distribution
 
-    if opts.draft_path is None:
-        raise UsageError("--spec-type draft needs a draft model", "pass --draft PATH (or --draft auto)")
     model = Model(opts.draft_path, n_gpu_layers=opts.n_gpu_layers_draft,  # AMX choice: the target's
                   amx=opts.amx if opts.amx is not None else getattr(target, "amx", None))
-    translated = _is_translated(opts, target, model)
-    # Another tokenizer may need more tokens for the same text (a quarter more, rounded to 256).
-    n_ctx = ctx.n_ctx if not translated else -(-ctx.n_ctx * 5 // 4 // 256) * 256
-    dctx = Ctx(model, ContextConfig(n_ctx=n_ctx, n_threads=opts.n_threads, n_seq_max=ctx.config.n_seq_max))
-    # At T > 0 the draft samples from the target's sampling chain applied to its own logits and
-    # hands over those probabilities, so verification can use rejection sampling.
-    dist = None if sampling.greedy else (lambda row, recent: target_distribution(row, sampling, recent))
-    # Decoding one token reads every weight once: sizes estimate the draft's cost per token.
-    cost_hint = opts.draft_path.stat().st_size / max(1, target.path.stat().st_size)
+    try:
+        translated = _is_translated(opts, target, model)
+        # Another tokenizer may need more tokens for the same text (a quarter more, rounded to 256).
+        n_ctx = ctx.n_ctx if not translated else -(-ctx.n_ctx * 5 // 4 // 256) * 256
+        dctx = Ctx(model, ContextConfig(n_ctx=n_ctx, n_threads=opts.n_threads, n_seq_max=ctx.config.n_seq_max))
+    except BaseException:
+        model.close()
+        raise
     if translated:
         from llamaspec.speculative.drafters.translated import TranslatedDrafter
 
-        drafter = TranslatedDrafter(target, dctx, p_min=opts.draft_p_min, spec_replace=opts.spec_replace,
-                                    cost_hint=cost_hint)
-    else:
-        drafter = ModelDrafter(dctx, p_min=opts.draft_p_min, distribution=dist, n_vocab=target.n_vocab,
-                               cost_hint=cost_hint)
-    # Sizes mislead on CPUs (a Q4 draft of an F16 target: a third of the bytes, nearly the time
-    # of a target step here), so the controller starts from timed decodes instead: without them
-    # it would learn the cost by drafting, which costs what it learns.
-    if ctx.seq_pos_max(0) < 0:
-        drafter.measured_cost = dctx.time_one_token(max(0, target.bos)) / ctx.time_one_token(max(0, target.bos))
-    return Built(drafter, model)
+        return TranslatedDrafter(target, dctx, p_min=opts.draft_p_min, spec_replace=opts.spec_replace,
+                                 cost_hint=cost_hint), model
+    # At T > 0 the draft samples from the target's sampling chain applied to its own logits and
+    # hands over those probabilities, so verification can use rejection sampling.
+    dist = None if sampling.greedy else (lambda row, recent: target_distribution(row, sampling, recent))
+    return ModelDrafter(dctx, p_min=opts.draft_p_min, distribution=dist, n_vocab=target.n_vocab,
+                        cost_hint=cost_hint), model
 
 
 def _is_translated(opts, target, model) -> bool:

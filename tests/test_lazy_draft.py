@@ -1,0 +1,156 @@
+"""A draft model loaded beside the first steps (speculative/drafters/lazy.py): nothing drafted and
+no controller asked until the load ends, then the model drafts what an eagerly loaded one would;
+a failed load is a warning and plain output; `run`'s wiring loads lazily and stays lossless;
+a seed at T > 0 waits for the load, so its output does not follow a clock."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from engine_helpers import PROMPTS, assert_lossless, generate, prompt_tokens
+from llamaspec import Generator
+from llamaspec.runtime.context import Context, ContextConfig
+from llamaspec.runtime.llama import Model
+from llamaspec.speculative.drafters import factory
+from llamaspec.speculative.drafters.lazy import LazyDrafter
+from llamaspec.speculative.drafters.model import SYNC_WINDOW, ModelDrafter
+from llamaspec.speculative.engine import GenerationConfig, SpecEngine
+from llamaspec.speculative.options import SpecOptions
+from llamaspec.speculative.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture
+def target_ctx(tiny_models):
+    target = Model(tiny_models["target"])
+    ctx = Context(target, ContextConfig(n_ctx=512, n_threads=1))
+    yield target, ctx
+    ctx.close()
+    target.close()
+
+
+def _lazy(load, target) -> LazyDrafter:
+    return LazyDrafter(load, name="draft-simple", cost_hint=0.5, resume_tokens=SYNC_WINDOW, probe_token=target.bos)
+
+
+def test_nothing_is_drafted_until_the_load_ends_then_the_model_drafts_as_if_loaded_first(tiny_models, target_ctx):
+    target, ctx = target_ctx
+    opts = SpecOptions(spec_types=["draft-simple"], draft_path=tiny_models["draft"], n_threads=1, n_gpu_layers_draft=0)
+    release = threading.Event()
+
+    def load():
+        release.wait()
+        return factory._load_draft_model(opts, target, ctx, GREEDY, 0.5)
+
+    lazy = _lazy(load, target)
+    prompt = prompt_tokens(target, PROMPTS["story"])
+    history = prompt + [target.tokenize(" The", add_special=False)[0]]
+    asked = []
+
+    def limit(d, match=None):
+        asked.append(d.name)
+        return 4
+
+    lazy.begin(0, prompt)
+    assert not lazy.propose_within(0, history, limit) and asked == []   # loading: the controller is not asked
+    assert not lazy.loaded and lazy.draft_token_seconds() is None and lazy.batch_member() is None
+    release.set()
+    lazy.wait()
+    got = lazy.propose_within(0, history, limit)   # joins: begins sequence 0, times its cost
+    assert asked == ["draft-simple"] and lazy.draft_token_seconds() > 0 and lazy.batch_member() is lazy
+    # the draft an eagerly loaded model makes of the same history
+    dm = Model(tiny_models["draft"])
+    eager = ModelDrafter(Context(dm, ContextConfig(n_ctx=512, n_threads=1)))
+    eager.begin(0, prompt)
+    want = eager.propose(0, history, 4)
+    eager.close()
+    dm.close()
+    assert len(got) == 4 and got.tokens == want.tokens
+    lazy.end(0)
+    lazy.close()
+    assert lazy.model is None
+
+
+def test_a_failed_load_is_a_warning_and_the_output_is_plain(target_ctx, caplog):
+    target, ctx = target_ctx
+
+    def load():
+        raise MemoryError("cannot allocate the draft's KV cache")
+
+    lazy = _lazy(load, target)
+    lazy.wait()
+    engine = SpecEngine(target, ctx, lazy)
+    prompt = prompt_tokens(target, PROMPTS["chat"])
+    config = GenerationConfig(max_tokens=16, sampling=GREEDY, draft_max=4)
+    with caplog.at_level(logging.WARNING, logger="llamaspec.speculative.drafters.lazy"):
+        got = engine.generate(prompt, config)
+    plain = SpecEngine(target, ctx, None).generate(prompt, config)
+    assert got.tokens == plain.tokens and got.stats.drafted == 0
+    assert "could not be loaded" in caplog.text and "KV cache" in caplog.text
+    lazy.close()
+
+
+def test_run_wiring_loads_the_draft_beside_the_first_steps_and_stays_lossless(smollm2_f16, smollm2_q4):
+    """As `run --draft FILE` builds it: the draft-simple member is lazy, the greedy text is plain
+    decoding's (or flips at a near-tie), and once loaded the draft drafts."""
+    target = Model(smollm2_f16)
+    try:
+        prompt = prompt_tokens(target, PROMPTS["code"])
+        plain = generate(target, "none", prompt, n=64, threads=2)
+    finally:
+        target.close()
+    with Generator(smollm2_f16, draft=smollm2_q4, temperature=0, max_tokens=64, threads=2) as g:
+        members = {d.name: d for d in g.pipeline.engine.drafter.members()}
+        assert isinstance(members["draft-simple"], LazyDrafter)
+        first = g.generate(PROMPTS["code"])
+        members["draft-simple"].wait()
+        second = g.generate(PROMPTS["code"])
+        model = members["draft-simple"].model
+        assert model is not None and model.path.name == smollm2_q4.name
+    target = Model(smollm2_f16)
+    try:
+        for label, run in (("first", first), ("second", second)):
+            print(assert_lossless(target, prompt, plain.tokens, run.tokens, eps=0.25, label=label))
+    finally:
+        target.close()
+    assert second.stats["per_drafter"]["draft-simple"]["drafted"] > 0, second.stats["per_drafter"]
+
+
+def test_a_seeded_sampled_run_waits_for_the_draft_and_repeats_itself(tiny_models):
+    outs = []
+    for _ in range(2):
+        with Generator(tiny_models["target"], draft=tiny_models["draft"], temperature=0.9, seed=7,
+                       max_tokens=24, threads=1) as g:
+            r = g.generate("Tell me about the sea.")
+            outs.append(r.tokens)
+            assert r.stats["per_drafter"].get("draft-simple", {}).get("drafted", 0) > 0
+    assert outs[0] == outs[1]
+
+
+def test_a_run_that_ends_before_the_draft_joins_stores_no_draft_costs(tiny_models, monkeypatch):
+    """The sizes' estimate of a draft's cost is not a measurement: a run whose draft never joined
+    leaves nothing in draft_costs.json, which decides whether the next run's default takes it."""
+    from llamaspec.tune import draft_costs
+
+    release = threading.Event()
+    real = factory._load_draft_model
+
+    def held(*args):
+        release.wait()
+        return real(*args)
+
+    monkeypatch.setattr(factory, "_load_draft_model", held)
+    with Generator(tiny_models["target"], draft=tiny_models["draft"], temperature=0, max_tokens=12, threads=1) as g:
+        r = g.generate("Tell me about the sea.")
+        assert r.stats["per_drafter"].get("draft-simple", {}).get("drafted", 0) == 0
+        release.set()
+    assert draft_costs.measured(tiny_models["target"], tiny_models["draft"]) is None
+    # the same run with the draft there from the start leaves its measurement
+    with Generator(tiny_models["target"], draft=tiny_models["draft"], temperature=0, max_tokens=12, threads=1) as g:
+        g.pipeline.drafter.wait()
+        g.generate("Tell me about the sea.")
+    assert draft_costs.measured(tiny_models["target"], tiny_models["draft"]) is not None
