@@ -358,3 +358,25 @@ def test_observe_cost_feeds_only_the_cost_model():
         c.observe_cost(n, 0.02 + 0.002 * n)
     assert (c.alpha, c.position_alphas(), c.paused, c.n_pauses) == before
     assert c.cost.decode_seconds == pytest.approx(0.022)
+
+
+def test_a_first_probe_that_would_read_the_whole_prompt_waits_as_long_as_its_price_says():
+    """A draft model evaluates the prompt before its first draft (drafters/lazy.py, model.py): a
+    draft paused from the start (the rate below min_gain on the prior acceptance) probes after the
+    usual short pause only when that costs nothing; with a 222-token prompt to read first, the
+    probe waits until the steps it costs fit the probe budget, so a short answer never pays it."""
+    def ctl(first_resume: int) -> DraftLengthController:
+        return DraftLengthController(n_max=8, cost=CostModel(verify_ratio_fn=lambda k: 1.0 + 0.1 * k,
+                                                             draft_ratio_value=0.5),
+                                     resume_tokens=16, first_resume=first_resume)
+
+    def first_probe(c: DraftLengthController) -> int:
+        return next(i for i in range(5000) if c.choose() > 0)
+
+    assert first_probe(ctl(0)) <= 9
+    c = ctl(222)
+    loss = c.probe_loss()   # C(4) + 4d - 1 + d * C(221): the prompt's evaluation priced in
+    assert loss == pytest.approx(1.4 + 2.0 - 1.0 + 0.5 * (1.0 + 0.1 * 221))
+    assert first_probe(c) >= (loss - 0.4) / c.probe_budget - 1
+    c.observe(4, 4)   # it drafted: later probes read only the resume window again
+    assert c.probe_loss() == pytest.approx(1.4 + 2.0 - 1.0 + 0.5 * (1.0 + 0.1 * 15))

@@ -34,10 +34,10 @@ def target_ctx(tiny_models):
 
 
 def _lazy(load, target) -> LazyDrafter:
-    return LazyDrafter(load, name="draft-simple", cost_hint=0.5, resume_tokens=SYNC_WINDOW, probe_token=target.bos)
+    return LazyDrafter(load, name="draft-simple", cost_hint=0.5, resume_tokens=SYNC_WINDOW)
 
 
-def test_nothing_is_drafted_until_the_load_ends_then_the_model_drafts_as_if_loaded_first(tiny_models, target_ctx):
+def test_the_draft_loads_beside_the_steps_and_reads_the_prompt_only_when_a_draft_is_wanted(tiny_models, target_ctx):
     target, ctx = target_ctx
     opts = SpecOptions(spec_types=["draft-simple"], draft_path=tiny_models["draft"], n_threads=1, n_gpu_layers_draft=0)
     release = threading.Event()
@@ -51,17 +51,27 @@ def test_nothing_is_drafted_until_the_load_ends_then_the_model_drafts_as_if_load
     history = prompt + [target.tokenize(" The", add_special=False)[0]]
     asked = []
 
-    def limit(d, match=None):
-        asked.append(d.name)
-        return 4
+    def limit(k):
+        def ask(d, match=None):
+            asked.append(d.name)
+            return k
+        return ask
 
     lazy.begin(0, prompt)
-    assert not lazy.propose_within(0, history, limit) and asked == []   # loading: the controller is not asked
-    assert not lazy.loaded and lazy.draft_token_seconds() is None and lazy.batch_member() is None
+    assert not lazy.propose_within(0, history, limit(4)) and asked == []   # loading: the controller is not asked
+    assert not lazy.loaded and lazy.draft_token_seconds() is None
     release.set()
     lazy.wait()
-    got = lazy.propose_within(0, history, limit)   # joins: begins sequence 0, times its cost
-    assert asked == ["draft-simple"] and lazy.draft_token_seconds() > 0 and lazy.batch_member() is lazy
+    draft_ctx = lazy._inner.ctx
+    assert lazy.loaded and draft_ctx.seq_pos_max(0) == -1    # loaded, and nothing evaluated yet
+    # the controller declines (a paused draft): the prompt is not evaluated, whatever its length
+    assert not lazy.propose_within(0, history, limit(0)) and asked == ["draft-simple"]
+    assert draft_ctx.seq_pos_max(0) == -1 and lazy.draft_token_seconds() > 0   # its cost was timed on joining
+    # the controller wants one: the worker evaluates the prompt (this step goes on without a draft)
+    assert not lazy.propose_within(0, history, limit(4))
+    lazy.wait()
+    assert draft_ctx.seq_pos_max(0) == len(history) - 2
+    got = lazy.propose_within(0, history, limit(4))
     # the draft an eagerly loaded model makes of the same history
     dm = Model(tiny_models["draft"])
     eager = ModelDrafter(Context(dm, ContextConfig(n_ctx=512, n_threads=1)))
@@ -69,7 +79,7 @@ def test_nothing_is_drafted_until_the_load_ends_then_the_model_drafts_as_if_load
     want = eager.propose(0, history, 4)
     eager.close()
     dm.close()
-    assert len(got) == 4 and got.tokens == want.tokens
+    assert len(got) == 4 and got.tokens == want.tokens and lazy.batch_member() is lazy
     lazy.end(0)
     lazy.close()
     assert lazy.model is None
@@ -95,15 +105,16 @@ def test_a_failed_load_is_a_warning_and_the_output_is_plain(target_ctx, caplog):
 
 
 def test_run_wiring_loads_the_draft_beside_the_first_steps_and_stays_lossless(smollm2_f16, smollm2_q4):
-    """As `run --draft FILE` builds it: the draft-simple member is lazy, the greedy text is plain
-    decoding's (or flips at a near-tie), and once loaded the draft drafts."""
+    """As `run --draft FILE --fixed-draft` builds it (fixed: on this CPU the adaptive controller
+    rightly pauses a Q4_1 draft of the F16): the draft-simple member is lazy, the greedy text is
+    plain decoding's (or flips at a near-tie), and once loaded the draft drafts."""
     target = Model(smollm2_f16)
     try:
         prompt = prompt_tokens(target, PROMPTS["code"])
         plain = generate(target, "none", prompt, n=64, threads=2)
     finally:
         target.close()
-    with Generator(smollm2_f16, draft=smollm2_q4, temperature=0, max_tokens=64, threads=2) as g:
+    with Generator(smollm2_f16, draft=smollm2_q4, temperature=0, max_tokens=64, threads=2, adaptive=False) as g:
         members = {d.name: d for d in g.pipeline.engine.drafter.members()}
         assert isinstance(members["draft-simple"], LazyDrafter)
         first = g.generate(PROMPTS["code"])
@@ -124,7 +135,7 @@ def test_a_seeded_sampled_run_waits_for_the_draft_and_repeats_itself(tiny_models
     outs = []
     for _ in range(2):
         with Generator(tiny_models["target"], draft=tiny_models["draft"], temperature=0.9, seed=7,
-                       max_tokens=24, threads=1) as g:
+                       max_tokens=24, threads=1, adaptive=False) as g:   # (fixed: the draft drafts every step)
             r = g.generate("Tell me about the sea.")
             outs.append(r.tokens)
             assert r.stats["per_drafter"].get("draft-simple", {}).get("drafted", 0) > 0

@@ -96,7 +96,7 @@ class DraftLengthController:
                  off_acceptance: float = 0.1, window: int = 16, pause: int = 8,
                  max_pause: int = 128, recover_pause: int = 32, probe_budget: float = 0.03,
                  cost_probe_budget: float = 0.01, probe_k: int | None = None, split_runs: bool = True,
-                 resume_tokens: int = 0):
+                 resume_tokens: int = 0, first_resume: int = 0):
         if not 0 <= n_min <= n_max:
             raise ValueError(f"need 0 <= n_min <= n_max (got {n_min}, {n_max})")
         self.n_min = max(1, n_min)
@@ -115,6 +115,10 @@ class DraftLengthController:
         self.probe_budget = probe_budget
         self.cost_probe_budget = cost_probe_budget
         self.resume_tokens = resume_tokens  # what the drafter re-reads to draft after a pause
+        # and before its first draft of the sequence (a draft model: the prompt, evaluated there):
+        # a first probe of a draft that does not pay would cost a whole prompt evaluation
+        self.first_resume = first_resume
+        self._first_pending = first_resume > resume_tokens
         self.probe_k = min(n_max, max(self.n_min, 4)) if probe_k is None else probe_k
         self.split_runs = split_runs
         self._pool_num = 0.0  # decayed accepted counts, all positions
@@ -223,6 +227,7 @@ class DraftLengthController:
             self.cost.observe_draft(n_drafted, draft_seconds)
         if n_drafted <= 0:
             return
+        self._first_pending = False
         self.n_drafts += 1
         self.n_accepted += n_accepted
         self.n_rejected += n_accepted < n_drafted
@@ -315,9 +320,11 @@ class DraftLengthController:
     def probe_loss(self) -> float:
         """What a failed probe costs over a plain step, in plain steps: C(probe_k) - 1, plus the
         drafter's catch-up after a pause (`resume_tokens` drafted as one batch, priced on the
-        verify curve: a draft model evaluates the last SYNC_WINDOW tokens before drafting)."""
+        verify curve: a draft model evaluates the last SYNC_WINDOW tokens before drafting, and
+        the prompt before its first draft)."""
         k, d = self.probe_k, self.cost.draft_ratio
-        resume = d * self.cost.verify_ratio(self.resume_tokens - 1) if self.resume_tokens > 0 else 0.0
+        n = self.first_resume if self._first_pending else self.resume_tokens
+        resume = d * self.cost.verify_ratio(n - 1) if n > 0 else 0.0
         return self.cost.verify_ratio(k) + d * k - 1.0 + resume
 
     def drafting_floor(self) -> int:
@@ -354,7 +361,8 @@ class DraftLengthController:
             # a long run pays O(log n) probes), up to 64x max_pause
             self._pause_len = min(max(cap, self._pause_len), 64 * self.max_pause)
         else:
-            floor = self.drafting_floor() if failed else 0
+            # a first probe that would evaluate the prompt in the draft waits as a failed one does
+            floor = self.drafting_floor() if failed or self._first_pending else 0
             self._pause_len = min(max(self._pause_len, floor), cap)
         self._pause_left = self._pause_len
         self._probing = True

@@ -238,7 +238,8 @@ class SpecEngine:
         if measured:
             curve_memo.save(self._curve_key, measured)
 
-    def controllers_for(self, config: GenerationConfig, reproducible: bool) -> dict[str, DraftLengthController]:
+    def controllers_for(self, config: GenerationConfig, reproducible: bool,
+                        n_prompt: int = 0) -> dict[str, DraftLengthController]:
         """One adaptive controller per drafter (chain members each get their own), for this
         sequence: a paused draft model must not stop a free n-gram drafter from being tried.
 
@@ -246,7 +247,8 @@ class SpecEngine:
         random draws depend on which positions were drafted, so the draft lengths must not follow
         measured time, or one seed would give different outputs from run to run. Then every
         drafter decides from acceptance and fixed costs (a verify batch at the default slope,
-        drafting at the drafter's size-based `cost_hint`)."""
+        drafting at the drafter's size-based `cost_hint`). n_prompt: the sequence's prompt length,
+        what a draft model evaluates before its first draft (its controller prices that probe)."""
         if self.drafter is None or not config.adaptive or config.draft_max <= 0:
             return {}
         members = self.drafter.members()
@@ -257,9 +259,10 @@ class SpecEngine:
 
         ctls = {}
         for d in members:
+            # a drafter that re-reads text to draft (a draft model) reads the prompt first
             def make(c: CostModel | None, prior_alpha: float = 0.6, resume: int = d.resume_tokens) -> DraftLengthController:
                 return DraftLengthController(n_min=n_min, n_max=n_max, cost=c, prior_alpha=prior_alpha,
-                                             resume_tokens=resume)
+                                             resume_tokens=resume, first_resume=n_prompt if resume else 0)
 
             cost = CostModel(draft_ratio_prior=d.measured_cost, prior=curve, draft_seconds=d.draft_token_seconds)
             if fixed:

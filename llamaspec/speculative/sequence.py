@@ -69,8 +69,8 @@ class SequenceRun:
         self.history = prompt
         reproducible = self.params.seed is not None and not self.params.greedy
         if reproducible and engine.drafter is not None:
-            engine.drafter.wait()   # a draft model still loading: its first drafts must not follow a clock
-        self.ctls = engine.controllers_for(config, reproducible=reproducible)
+            engine.drafter.steady(seq_id)   # a draft model loading beside the steps waits for it
+        self.ctls = engine.controllers_for(config, reproducible=reproducible, n_prompt=len(prompt))
         engine.last_controllers = self.ctls
         if on_piece is None and on_text is not None:
             on_piece = lambda text, from_draft, source, _lps: on_text(text, from_draft, source)  # noqa: E731

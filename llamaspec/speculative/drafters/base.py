@@ -128,6 +128,16 @@ class Drafter(ABC):
         seed for both, the number that picks a draft token would be the one that tests it.
         """
 
+    def prefill(self, seq_id: int, history: Sequence[int]) -> None:
+        """Evaluate now what the next draft of `seq_id` would read first (a draft model: the prompt
+        and what followed, all but the last token), for a drafter loaded beside the first steps:
+        lazy.py calls it off the main thread. Drafters that read nothing: nothing to do."""
+
+    def time_token(self) -> float | None:
+        """Seconds of one drafted token, timed now on the drafter's own context (a draft model);
+        None for drafters without one."""
+        return None
+
     def bind_grammars(self, grammars: Mapping[int, "GrammarState"]) -> None:
         """The engine's live grammar states, seq_id -> GrammarState (runtime/grammar.py), present
         while that sequence runs under a grammar; called once when the engine is made. Drafters
@@ -137,6 +147,11 @@ class Drafter(ABC):
     def wait(self) -> None:
         """Block until the drafter can draft (a draft model loading beside the first steps:
         lazy.py); drafters that are ready when built return at once."""
+
+    def steady(self, seq_id: int) -> None:
+        """`seq_id`'s drafts must not follow a clock (a seed at T > 0: which positions get drafted
+        decides rejection sampling's draws): a drafter that works beside the steps (lazy.py) waits
+        for that work instead. Until the sequence ends."""
 
     def draft_token_seconds(self) -> float | None:
         """Seconds of one drafted token, timed on the drafter alone when the target's time was not

@@ -62,6 +62,10 @@ class ChainDrafter(Drafter):
         for d in self.drafters:
             d.wait()
 
+    def steady(self, seq_id: int) -> None:
+        for d in self.drafters:
+            d.steady(seq_id)
+
     def batch_member(self) -> Drafter | None:
         # the one member that batches, when the others only join every chain (the grammar
         # drafter, silent for sequences without a grammar): --draft X --parallel N keeps batching

@@ -80,7 +80,7 @@ def _draft_model(opts, target, ctx, sampling) -> Built:
             drafter.measured_cost = drafter.ctx.time_one_token(max(0, target.bos)) / ctx.time_one_token(max(0, target.bos))
         return Built(drafter, model)
     return Built(LazyDrafter(lambda: _load_draft_model(opts, target, ctx, sampling, cost_hint), name="draft-simple",
-                             cost_hint=cost_hint, resume_tokens=SYNC_WINDOW, probe_token=target.bos))
+                             cost_hint=cost_hint, resume_tokens=SYNC_WINDOW))
 
 
 def _load_draft_model(opts, target, ctx, sampling, cost_hint: float):

@@ -138,6 +138,25 @@ class ModelDrafter(Drafter):
         self._shift[seq_id] = 0
         self._prompt_end[seq_id] = len(prompt)
 
+    def prefill(self, seq_id: int, history: Sequence[int]) -> None:
+        """What the next draft's catch-up (`_catch_up`) would evaluate, now, but for the last token,
+        which that draft decodes for its logits (lazy.py: in the worker thread, beside the target's
+        steps)."""
+        if len(history) < 2 or self.ctx.model.needs_checkpoints:   # (checkpoints are taken at a sync)
+            return
+        todo, pos = self._catch_up(seq_id, history)
+        if len(todo) > 1:
+            self.ctx.decode(todo[:-1], pos, seq_id, outputs=0)
+        self._cached[seq_id].pop()
+        self._synced[seq_id] = len(history) - 1
+
+    def time_token(self) -> float | None:
+        """Seconds of one draft decode (the fastest of 2) on the draft's empty memory; None once it
+        holds a sequence (timing would clear it)."""
+        if any(self._cached.values()):
+            return None
+        return self.ctx.time_one_token(max(0, self.ctx.model.bos), reps=2)
+
     def _sync(self, seq_id: int, history: Sequence[int]) -> int:
         """Bring the draft KV to history[:-1] and decode history[-1]; returns output rows (1)."""
         todo, pos = self._catch_up(seq_id, history)

@@ -311,6 +311,10 @@ class TranslatedDrafter(Drafter):
         return draft_to_target(context, ctx_tokens, text, self._tenc,
                                is_stable=(lambda t: True) if ended else self.target.is_eog)
 
+    def time_token(self) -> float | None:
+        """A one-token decode of the draft on its empty memory; None once it holds a sequence."""
+        return None if self._seqs else self.ctx.time_one_token(max(0, self.draft.bos))
+
     def end(self, seq_id: int) -> None:
         """The sequence is over: its tokens and KV stay for the next prompt (`begin`), cut to what
         the memory really holds (a decode cut short by Ctrl-C). A spliced record, or a recurrent
