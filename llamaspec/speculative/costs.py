@@ -159,9 +159,15 @@ class CostModel:
     def needs_decode_timing(self) -> bool:
         """Batches are being timed but no one-token step was lately (drafting every step): the
         controller then takes one plain step, since extrapolating t(1) from batches overestimates
-        it (`observe_verify`) and makes every draft look cheaper than it is."""
-        return (self.verify_ratio_fn is None and self._w > 0.0
-                and (self._one_w == 0.0 or self._since_one >= RECALIBRATE_STEPS))
+        it (`observe_verify`) and makes every draft look cheaper than it is. Also before the
+        first step when a drafter was timed alone (`draft_seconds`): its time means nothing
+        until a target step is timed to divide it by."""
+        if self.verify_ratio_fn is not None:
+            return False
+        if self._w == 0.0:
+            return (self.draft_ratio_value is None and self._draft_n <= 0.0 and self.draft_seconds is not None
+                    and self.draft_seconds() is not None)
+        return self._one_w == 0.0 or self._since_one >= RECALIBRATE_STEPS
 
     @property
     def decode_seconds(self) -> float | None:

@@ -11,6 +11,8 @@ Nothing here imports llama_cpp: `--help` builds its text from this table.
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -267,5 +269,5 @@ class SpecOptions:
     translated: bool | None = None
     spec_replace: tuple[tuple[str, str], ...] = ()
     # draft-simple's model loads beside the first steps (drafters/lazy.py); False: before them,
-    # with its cost timed against the target's at load
-    lazy_draft: bool = True
+    # with its cost timed against the target's at load (LLAMASPEC_LAZY_DRAFT=0 sets the default)
+    lazy_draft: bool = field(default_factory=lambda: os.environ.get("LLAMASPEC_LAZY_DRAFT", "1") != "0")
