@@ -217,14 +217,6 @@ def test_without_amx_loads_are_unchanged(tiny_models, capture_load, monkeypatch)
         m.close()
 
 
-def _draft_model(pipe):
-    """The pipeline's draft model, once its load beside the first steps ended (drafters/lazy.py)."""
-    from llamaspec.speculative.drafters.lazy import LazyDrafter
-
-    pipe.drafter.wait()
-    return next(d.model for d in pipe.drafter.members() if isinstance(d, LazyDrafter))
-
-
 def test_draft_model_follows_the_target_choice(tiny_models, simulated_amx):
     from llamaspec.speculative.options import SpecOptions
     from llamaspec.speculative.pipeline import load_pipeline
@@ -234,14 +226,14 @@ def test_draft_model_follows_the_target_choice(tiny_models, simulated_amx):
                        amx=False)
     pipe = load_pipeline(tiny_models["target"], opts)
     try:
-        assert pipe.target.buffers.decision.choice == _draft_model(pipe).buffers.decision.choice == "--no-amx"
+        assert pipe.target.buffers.decision.choice == pipe.draft_model.buffers.decision.choice == "--no-amx"
     finally:
         pipe.close()
     target = Model(tiny_models["target"], amx=True)   # `llamaspec bench --amx`: the target is loaded first
     pipe = load_pipeline(target.path, SpecOptions(spec_types=["draft-simple"], draft_path=tiny_models["draft"],
                                                   n_ctx=256, n_threads=1), target=target)
     try:
-        assert _draft_model(pipe).buffers.decision.choice == "--amx"
+        assert pipe.draft_model.buffers.decision.choice == "--amx"
     finally:
         pipe.close()
 

@@ -6,7 +6,9 @@ a seed at T > 0 waits for the load, so its output does not follow a clock."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -104,49 +106,71 @@ def test_a_failed_load_is_a_warning_and_the_output_is_plain(target_ctx, caplog):
     lazy.close()
 
 
-def test_run_wiring_loads_the_draft_beside_the_first_steps_and_stays_lossless(smollm2_f16, smollm2_q4):
-    """As `run --draft FILE --fixed-draft` builds it (fixed: on this CPU the adaptive controller
-    rightly pauses a Q4_1 draft of the F16): the draft-simple member is lazy, the greedy text is
-    plain decoding's (or flips at a near-tie), and once loaded the draft drafts."""
-    target = Model(smollm2_f16)
-    try:
-        prompt = prompt_tokens(target, PROMPTS["code"])
-        plain = generate(target, "none", prompt, n=64, threads=2)
+@pytest.fixture
+def pair_folder(smollm2_f16, smollm2_q4, tmp_path, draft_pays) -> Path:
+    """The F16 target with its Q4_1 beside it, and a stored measurement saying the Q4_1 pays (a
+    GPU's numbers): the default takes it as draft-simple, as it would where it pays."""
+    d = tmp_path / "SmolLM2-135M-Instruct-GGUF"
+    d.mkdir()
+    os.symlink(smollm2_f16, d / smollm2_f16.name)
+    os.symlink(smollm2_q4, d / smollm2_q4.name)
+    draft_pays(d / smollm2_f16.name, d / smollm2_q4.name)
+    return d
+
+
+def _lazy_member(g) -> LazyDrafter:
+    return next(d for d in g.pipeline.engine.drafter.members() if isinstance(d, LazyDrafter))
+
+
+def test_run_wiring_loads_a_chosen_draft_beside_the_first_steps_and_stays_lossless(pair_folder, smollm2_f16, smollm2_q4):
+    """As `run` builds it with no --draft where a measurement says the sibling pays (fixed draft
+    lengths: on this CPU the adaptive controller rightly pauses a Q4_1 draft of the F16): the
+    draft-simple member is lazy, the greedy text is plain decoding's (or flips at a near-tie), and
+    once loaded the draft drafts. A draft named with --draft loads before the first step."""
+    target_path = pair_folder / smollm2_f16.name
+    target = Model(target_path)
+    try:   # (prose: the text drafters, first in the chain, leave it steps to draft)
+        prompts = {k: prompt_tokens(target, PROMPTS[k]) for k in ("chat", "story")}
+        plain = {k: generate(target, "none", p, n=64, threads=2) for k, p in prompts.items()}
     finally:
         target.close()
-    with Generator(smollm2_f16, draft=smollm2_q4, temperature=0, max_tokens=64, threads=2, adaptive=False) as g:
-        members = {d.name: d for d in g.pipeline.engine.drafter.members()}
-        assert isinstance(members["draft-simple"], LazyDrafter)
-        first = g.generate(PROMPTS["code"])
-        members["draft-simple"].wait()
-        second = g.generate(PROMPTS["code"])
-        model = members["draft-simple"].model
-        assert model is not None and model.path.name == smollm2_q4.name
-    target = Model(smollm2_f16)
+    with Generator(target_path, temperature=0, max_tokens=64, threads=2, adaptive=False) as g:
+        lazy = _lazy_member(g)
+        first = g.generate(PROMPTS["chat"])
+        lazy.wait()
+        second = g.generate(PROMPTS["story"])
+        assert lazy.model is not None and lazy.model.path.name == smollm2_q4.name
+    target = Model(target_path)
     try:
-        for label, run in (("first", first), ("second", second)):
-            print(assert_lossless(target, prompt, plain.tokens, run.tokens, eps=0.25, label=label))
+        for k, run in (("chat", first), ("story", second)):
+            print(assert_lossless(target, prompts[k], plain[k].tokens, run.tokens, eps=0.25, label=k))
     finally:
         target.close()
     assert second.stats["per_drafter"]["draft-simple"]["drafted"] > 0, second.stats["per_drafter"]
+    with Generator(target_path, draft=pair_folder / smollm2_q4.name, temperature=0, max_tokens=4, threads=2) as g:
+        assert not any(isinstance(d, LazyDrafter) for d in g.pipeline.engine.drafter.members())
 
 
-def test_a_seeded_sampled_run_waits_for_the_draft_and_repeats_itself(tiny_models):
+def test_a_seeded_sampled_run_waits_for_the_draft_and_repeats_itself(pair_folder, smollm2_f16):
     outs = []
     for _ in range(2):
-        with Generator(tiny_models["target"], draft=tiny_models["draft"], temperature=0.9, seed=7,
-                       max_tokens=24, threads=1, adaptive=False) as g:   # (fixed: the draft drafts every step)
+        with Generator(pair_folder / smollm2_f16.name, temperature=0.9, seed=7, max_tokens=24, threads=2,
+                       adaptive=False) as g:   # (fixed: the draft drafts every step)
+            assert _lazy_member(g)
             r = g.generate("Tell me about the sea.")
             outs.append(r.tokens)
             assert r.stats["per_drafter"].get("draft-simple", {}).get("drafted", 0) > 0
     assert outs[0] == outs[1]
 
 
-def test_a_run_that_ends_before_the_draft_joins_stores_no_draft_costs(tiny_models, monkeypatch):
+def test_a_run_that_ends_before_the_draft_joins_stores_no_draft_costs(pair_folder, smollm2_f16, smollm2_q4,
+                                                                       monkeypatch):
     """The sizes' estimate of a draft's cost is not a measurement: a run whose draft never joined
-    leaves nothing in draft_costs.json, which decides whether the next run's default takes it."""
+    leaves draft_costs.json as it was (it decides whether the next run's default takes the draft)."""
     from llamaspec.tune import draft_costs
 
+    target, draft = pair_folder / smollm2_f16.name, pair_folder / smollm2_q4.name
+    before = draft_costs.measured(target, draft)
     release = threading.Event()
     real = factory._load_draft_model
 
@@ -155,13 +179,8 @@ def test_a_run_that_ends_before_the_draft_joins_stores_no_draft_costs(tiny_model
         return real(*args)
 
     monkeypatch.setattr(factory, "_load_draft_model", held)
-    with Generator(tiny_models["target"], draft=tiny_models["draft"], temperature=0, max_tokens=12, threads=1) as g:
+    with Generator(target, temperature=0, max_tokens=12, threads=2) as g:
         r = g.generate("Tell me about the sea.")
         assert r.stats["per_drafter"].get("draft-simple", {}).get("drafted", 0) == 0
         release.set()
-    assert draft_costs.measured(tiny_models["target"], tiny_models["draft"]) is None
-    # the same run with the draft there from the start leaves its measurement
-    with Generator(tiny_models["target"], draft=tiny_models["draft"], temperature=0, max_tokens=12, threads=1) as g:
-        g.pipeline.drafter.wait()
-        g.generate("Tell me about the sea.")
-    assert draft_costs.measured(tiny_models["target"], tiny_models["draft"]) is not None
+    assert draft_costs.measured(target, draft) == before

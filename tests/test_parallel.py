@@ -234,15 +234,14 @@ def test_a_draft_model_behind_the_grammar_drafter_still_batches(tiny_models):
     """`--draft X --parallel N` is a chain (the grammar drafter joins every chain), yet steps of
     sequences without a grammar still draft together through the draft model's propose_many, the
     draft model is credited with the drafts, and the texts are the sequential ones."""
-    from llamaspec.speculative.drafters.lazy import LazyDrafter
+    from llamaspec.speculative.drafters.model import ModelDrafter
 
     prompts = [f"Tell me about the sea, part {i}." for i in range(3)]
     opts = dict(draft=tiny_models["draft"], temperature=0, max_tokens=24, threads=1, adaptive=False, draft_max=4)
     with Generator(tiny_models["target"], **opts) as g:
         alone = {r.id: r.tokens for r in g.generate_many(prompts, parallel=1)}
     with Generator(tiny_models["target"], parallel=3, **opts) as g:
-        model = next(d for d in g.pipeline.engine.drafter.members() if isinstance(d, LazyDrafter))
-        model.wait()   # (loaded beside the first steps: the steps before would not batch)
+        model = next(d for d in g.pipeline.engine.drafter.members() if isinstance(d, ModelDrafter))
         calls = []
         original = model.propose_many
         model.propose_many = lambda reqs: calls.append(len(reqs)) or original(reqs)

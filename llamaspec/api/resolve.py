@@ -22,6 +22,7 @@ class Resolved:
     draft_ref: str | None = None
     draft_path: Path | None = None
     draft_max: int | None = None         # set when an old-style `--draft N` meant a draft length
+    draft_chosen: bool = False           # the draft was found by the default or --draft auto, not named
     notes: list[str] = field(default_factory=list)   # one-liners for stderr: what runs
     details: list[str] = field(default_factory=list)  # why, and where drafts were looked for (-v)
 
@@ -125,6 +126,7 @@ class _Chosen:
 
     def apply(self, r: Resolved) -> None:
         r.spec_types, r.draft_ref, r.draft_path = list(self.spec_types), self.draft_ref, self.draft_path
+        r.draft_chosen = self.draft_path is not None
         r.notes += self.notes
         r.details += self.details
 
@@ -153,6 +155,7 @@ def _choose(r: Resolved, search: Sequence[Path], offline: bool, local_only: bool
     if needs_draft_model(kinds) or choice.path is not None:   # a draft file, or an MTP assistant
         r.draft_path = choice.path
         r.draft_ref = choice.label or str(choice.path)
+        r.draft_chosen = True
         if choice.kind == DRAFT_MODEL_TYPE:
             # A small draft model pays on free text; copied text (code edits, quotes) drafts better
             # and for free from the text itself, so both are chained, the text drafter first.

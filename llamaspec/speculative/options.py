@@ -11,8 +11,6 @@ Nothing here imports llama_cpp: `--help` builds its text from this table.
 
 from __future__ import annotations
 
-import os
-
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -268,6 +266,7 @@ class SpecOptions:
     # the loaded vocabularies (llama.cpp's rules); --spec-replace TARGET DRAFT pairs
     translated: bool | None = None
     spec_replace: tuple[tuple[str, str], ...] = ()
-    # draft-simple's model loads beside the first steps (drafters/lazy.py); False: before them,
-    # with its cost timed against the target's at load (LLAMASPEC_LAZY_DRAFT=0 sets the default)
-    lazy_draft: bool = field(default_factory=lambda: os.environ.get("LLAMASPEC_LAZY_DRAFT", "1") != "0")
+    # draft-simple's model loads beside the first steps (drafters/lazy.py), as for a draft the
+    # default chose (api/generator.py); False: before them, so that a draft file the user named
+    # is refused at once if llama.cpp cannot load it
+    lazy_draft: bool = False

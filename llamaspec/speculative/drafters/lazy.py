@@ -13,6 +13,10 @@ ones go on without the draft model until it is done), so a draft that does not p
 the start, never evaluates it (SmolLM2 F16 with its Q4_1 forced, a 222-token prompt, 32 tokens:
 0.67 s of the draft's prompt evaluation for one 4-token probe, on a 0.36 s answer).
 
+Only a draft the default chose (`--draft auto`, or none given) loads so: a draft file the user
+names loads before the first step, so that one llama.cpp cannot load is refused at once, with
+its error and exit code (a bad file is a user's error, not a warning mid-answer).
+
 Threads: the draft's model and context are the worker's until it is idle (loaded, nothing queued)
 and the main thread's while it is; a `begin` or `end` while it works is queued for it, in order,
 under `_cv`. The target's context is never touched by the worker. A load that fails (out of
@@ -25,6 +29,7 @@ drafts decides rejection sampling's random draws, so it must not follow a clock.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Callable, Sequence
 
@@ -32,9 +37,16 @@ import numpy as np
 
 from llamaspec.speculative.drafters.base import Draft, Drafter
 
-__all__ = ["LazyDrafter"]
+__all__ = ["ENV", "LazyDrafter", "enabled"]
 
 log = logging.getLogger(__name__)
+
+#: LLAMASPEC_LAZY_DRAFT=0: a draft the default chose loads before the first step, as a named one does
+ENV = "LLAMASPEC_LAZY_DRAFT"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1") != "0"
 
 
 class LazyDrafter(Drafter):
