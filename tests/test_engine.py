@@ -218,7 +218,10 @@ def test_one_seed_one_output_on_a_reused_pipeline(tiny_models):
     from llamaspec.speculative.pipeline import load_pipeline
 
     sp = SamplingParams(temperature=0.9, seed=42)
-    opts = SpecOptions(spec_types=parse_spec_types("draft"), draft_path=tiny_models["draft"], n_threads=1)
+    # fixed draft lengths: adaptive, this draft (paused: it does not pay at the prior) would probe
+    # only after its prompt's evaluation fits the probe budget, long after 32 tokens
+    opts = SpecOptions(spec_types=parse_spec_types("draft"), draft_path=tiny_models["draft"], n_threads=1,
+                       adaptive=False)
     pipe = load_pipeline(tiny_models["target"], opts, sp)
     try:
         prompt = prompt_tokens(pipe.target, PROMPTS["story"])
@@ -232,8 +235,9 @@ def test_one_seed_one_output_on_a_reused_pipeline(tiny_models):
 def test_same_seed_same_output(tiny_target, tiny_models):
     prompt = prompt_tokens(tiny_target, PROMPTS["story"])
     sp = SamplingParams(temperature=0.9, seed=42)
-    a = generate(tiny_target, "draft", prompt, draft=tiny_models["draft"], n=32, sampling=sp)
-    b = generate(tiny_target, "draft", prompt, draft=tiny_models["draft"], n=32, sampling=sp)
+    # (fixed draft lengths, as above: with a seed the adaptive ones follow fixed costs, not time)
+    a = generate(tiny_target, "draft", prompt, draft=tiny_models["draft"], n=32, sampling=sp, adaptive=False)
+    b = generate(tiny_target, "draft", prompt, draft=tiny_models["draft"], n=32, sampling=sp, adaptive=False)
     assert a.tokens == b.tokens
     assert a.stats.drafted > 0 and a.stats.drafted == b.stats.drafted  # the same draft lengths too
 

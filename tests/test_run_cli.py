@@ -65,7 +65,7 @@ def test_draft_auto_prefers_mtp_heads(run_cli, tiny_models, isolated_home):
 
 def test_text_streams_to_stdout_and_stats_to_stderr(run_cli, tiny_models):
     r = run_cli("run", str(tiny_models["target"]), "-p", "hi", "-n", "16", "--temp", "0", "-t", "1",
-                "--spec-type", "draft", "--draft", str(tiny_models["draft"]))
+                "--spec-type", "draft", "--draft", str(tiny_models["draft"]), "--fixed-draft")
     assert r.exit_code == 0
     assert r.stdout.strip() and "tok/s" not in r.stdout
     assert "tok/s" in r.stderr and "accepted" in r.stderr
