@@ -23,7 +23,6 @@ from llamaspec.knobs import DEFAULT as K, DRAFTING, SAMPLING
 from llamaspec.api.openai_methods import OpenAIMethods
 from llamaspec.api.preparation import Prepared, Preparation, PromptTooLong  # noqa: F401 (API)
 from llamaspec.api.request import REQUEST_FIELDS, Prompt, Request, Result  # noqa: F401 (API)
-from llamaspec.speculative.drafters import lazy as lazy_draft
 from llamaspec.tune.draft_costs import record_run
 
 if TYPE_CHECKING:
@@ -127,7 +126,7 @@ class Generator(Preparation, OpenAIMethods):
                                    n_ctx=o.ctx_size, n_threads=o.threads, n_gpu_layers=o.n_gpu_layers,
                                    n_gpu_layers_draft=o.n_gpu_layers_draft, ngram=ngram,
                                    amx=o.amx, n_seq=o.parallel, spec_replace=tuple(o.spec_replace),
-                                   lazy_draft=r.draft_chosen and lazy_draft.enabled())
+                                   lazy_draft=r.draft_chosen)
         self.max_tokens, self.stop = o.max_tokens, list(o.stop)
         self.chat, self.system = o.chat, o.system
         self.pipeline = load_pipeline(r.target_path, self.options, self.sampling)

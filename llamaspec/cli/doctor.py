@@ -39,6 +39,8 @@ def _render(info: dict, console) -> None:
         t.add_row("-ngl/-ngld", off["auto"] + (f" ({off['error']})" if off["error"] else ""))
     if info.get("thread_wait"):
         t.add_row("thread waiting", info["thread_wait"])
+    if info.get("draft_loading"):
+        t.add_row("draft loading", info["draft_loading"])
     console.print(t)
     if info["gpu_build_commands"]:
         console.print("\nFor GPU offload (-ngl / -ngld), reinstall llama-cpp-python with your backend:")
@@ -69,6 +71,11 @@ def doctor(*, out: Output) -> None:
     info["thread_wait"] = policy.reason
     info["thread_wait_env"] = policy.env
     info["openmp_runtime"] = wait_policy.openmp_runtime()
+    from llamaspec.speculative.drafters import lazy
+
+    # where the default's draft model loads, at the default threads on this machine (drafters/lazy.py)
+    gpu = bool(info["offload"] and info["offload"].get("gpu_devices"))
+    info["draft_loading"] = "a draft the default chooses loads " + lazy.decide(None, -1 if gpu else 0)[1]
     if out.verbose:
         out.detail(info["system_info"])
     out.data(info, human=lambda c: _render(info, c), quiet=info["llama_cpp_python"])

@@ -64,14 +64,14 @@ def _suffix(opts, target, ctx, sampling) -> Built:
 def _draft_model(opts, target, ctx, sampling) -> Built:
     """draft-simple, loaded beside the first steps (drafters/lazy.py): the target's prompt and first
     tokens do not wait for it, and a draft that does not pay costs next to nothing."""
-    from llamaspec.speculative.drafters.lazy import LazyDrafter
+    from llamaspec.speculative.drafters.lazy import LazyDrafter, decide as lazy_decide
     from llamaspec.speculative.drafters.model import SYNC_WINDOW
 
     if opts.draft_path is None:
         raise UsageError("--spec-type draft needs a draft model", "pass --draft PATH (or --draft auto)")
     # Decoding one token reads every weight once: sizes estimate the draft's cost per token.
     cost_hint = opts.draft_path.stat().st_size / max(1, target.path.stat().st_size)
-    if not opts.lazy_draft:
+    if not (opts.lazy_draft and lazy_decide(opts.n_threads, target.n_gpu_layers)[0]):
         drafter, model = _load_draft_model(opts, target, ctx, sampling, cost_hint)
         # Sizes mislead on CPUs (a Q4 draft of an F16 target: a third of the bytes, nearly the
         # time of a target step here), so the controller starts from timed decodes instead:
