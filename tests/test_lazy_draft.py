@@ -110,8 +110,8 @@ def test_a_failed_load_is_a_warning_and_the_output_is_plain(target_ctx, caplog):
 def pair_folder(smollm2_f16, smollm2_q4, tmp_path, draft_pays, monkeypatch) -> Path:
     """The F16 target with its Q4_1 beside it, and a stored measurement saying the Q4_1 pays (a
     GPU's numbers): the default takes it as draft-simple, as it would where it pays; and loads
-    it beside the first steps as it would for a GPU target (LLAMASPEC_LAZY_DRAFT=1: on a CPU it
-    loads first, `decide`)."""
+    it beside the first steps as it would with a core free (LLAMASPEC_LAZY_DRAFT=1: the tests
+    run -t 2, which may take every core, `decide`)."""
     monkeypatch.setenv("LLAMASPEC_LAZY_DRAFT", "1")
     d = tmp_path / "SmolLM2-135M-Instruct-GGUF"
     d.mkdir()
@@ -190,14 +190,17 @@ def test_a_run_that_ends_before_the_draft_joins_stores_no_draft_costs(pair_folde
 
 
 def test_where_a_chosen_draft_loads_is_decided_by_the_machine(monkeypatch):
-    """Beside the first steps only for a GPU target (on a CPU a load beside the target's steps
-    competes with them: measured no gain, lazy.decide's docstring); the switch overrides."""
+    """Beside the first steps for a GPU target or where the target's threads leave a core free;
+    before them where they take every core (a load beside them only competes); the switch
+    overrides."""
     from llamaspec.speculative.drafters.lazy import decide
 
     monkeypatch.delenv("LLAMASPEC_LAZY_DRAFT", raising=False)
-    assert decide(2, -1)[0] and "GPU" in decide(2, -1)[1]
-    assert not decide(2, 0)[0] and not decide(1, 0)[0] and "CPU" in decide(None, 0)[1]
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    assert decide(4, -1)[0] and "GPU" in decide(4, -1)[1]
+    assert decide(2, 0)[0] and "2 of 4 cores" in decide(2, 0)[1]
+    assert not decide(4, 0)[0] and not decide(None, 0)[0] and "all 4 cores" in decide(None, 0)[1]
     monkeypatch.setenv("LLAMASPEC_LAZY_DRAFT", "1")
-    assert decide(2, 0)[0]
+    assert decide(4, 0)[0]
     monkeypatch.setenv("LLAMASPEC_LAZY_DRAFT", "0")
     assert not decide(2, -1)[0]

@@ -13,10 +13,9 @@ ones go on without the draft model until it is done), so a draft that does not p
 the start, never evaluates it (SmolLM2 F16 with its Q4_1 forced, a 222-token prompt, 32 tokens:
 0.67 s of the draft's prompt evaluation for one 4-token probe, on a 0.36 s answer).
 
-Only a draft the default chose (`--draft auto`, or none given) loads so, and only beside a target
-on a GPU (`decide`: on a CPU the load competes with the target's steps, and measured no gain
-here, whether the target's threads took every core or left one free); a draft file the user
-names loads before the first step, so that one llama.cpp cannot load is refused at once, with
+Only a draft the default chose (`--draft auto`, or none given) loads so, and only where a GPU or
+a free core can do it (`decide`: where the target's threads take every core, a load beside its
+steps only competes with them); a draft file the user names loads before the first step, so that one llama.cpp cannot load is refused at once, with
 its error and exit code (a bad file is a user's error, not a warning mid-answer).
 
 Threads: the draft's model and context are the worker's until it is idle (loaded, nothing queued)
@@ -49,20 +48,22 @@ ENV = "LLAMASPEC_LAZY_DRAFT"
 
 
 def decide(n_threads: int | None, n_gpu_layers: int) -> tuple[bool, str]:
-    """(load a chosen draft beside the first steps?, why). Only for a target on a GPU, whose
-    steps leave the CPU free to load. On a CPU the load competes with the target's prompt and
-    first steps and measured no gain (2-core EPYC, a 32-token code edit, medians of 5 from start to
-    exit: SmolLM2 F16 + Q4_1 at -t 2, 1.55 s beside against 1.47 s first; at -t 1, a core left
-    free, 2.28 s against 2.24 s; Qwen2.5-Coder 1.5B + 0.5B at -t 1 with the draft file not in the
-    page cache, 10.7 s against 10.8 s over 3)."""
+    """(load a chosen draft beside the first steps?, why). Where something is free to do it: a
+    target on a GPU, or CPU cores its threads leave idle. Measured on the 2-core EPYC (SmolLM2 F16
+    with its Q4_1 chosen as draft, a 32-token code edit, from start to exit, medians of 5): at -t 1,
+    a core free, 1.81 s beside against 2.18 s first (plain 1.72 s); at -t 2, every core taken,
+    1.61 s against 1.61 s, the target's prompt slowed by the load (0.47-0.73 s against 0.34-0.50 s)."""
     forced = os.environ.get(ENV, "").strip()
     if forced in ("0", "1"):
         return forced == "1", ("beside the first steps" if forced == "1" else "before the first step") + f" ({ENV}={forced})"
     if n_gpu_layers != 0:
         return True, "beside the first steps (the target decodes on a GPU: the CPU is free to load it)"
     cores = os.cpu_count() or 1
-    return False, (f"before the first step (a CPU target, {n_threads or cores} threads on {cores} cores: "
-                   "a load beside its steps measured no gain on a CPU)")
+    threads = n_threads or cores
+    if threads < cores:
+        return True, f"beside the first steps ({cores - threads} of {cores} cores left free by the target's {threads} threads)"
+    return False, (f"before the first step (the target's {threads} threads take all {cores} cores: a load "
+                   "beside them only competes with them)")
 
 
 class LazyDrafter(Drafter):
