@@ -193,11 +193,14 @@ class DraftLengthController:
 
     def first_cost(self) -> float:
         """What a draft model's first draft of the sequence costs before it drafts, in plain
-        steps: the prompt (`first_resume` tokens) evaluated as one batch, priced on the verify
-        curve at the draft's cost ratio. On a GPU a few hundredths of a step; on a CPU, where a
-        0.5B draft of a 1.5B target read a 210-token prompt in 1.9 s at -t 1, dozens of steps,
-        which a first draft's rate must carry."""
-        n = self.first_resume
+        steps: the prompt (`first_resume` tokens) read. On a GPU a few hundredths of a step; on a
+        CPU, where a 0.5B draft of a 1.5B target read a 210-token prompt in 1.9 s at -t 1, dozens
+        of steps, which a first draft's rate must carry."""
+        return self._reading(self.first_resume)
+
+    def _reading(self, n: int) -> float:
+        """n tokens the drafter evaluates before it drafts, as one batch priced on the verify
+        curve at the draft's cost ratio, in plain steps."""
         return self.cost.draft_ratio * self.cost.verify_ratio(n - 1) if n > 0 else 0.0
 
     # -- decisions ----------------------------------------------------------------------------
@@ -333,10 +336,7 @@ class DraftLengthController:
         verify curve: a draft model evaluates the last SYNC_WINDOW tokens before drafting, and
         the prompt before its first draft)."""
         k, d = self.probe_k, self.cost.draft_ratio
-        if self._first_pending:
-            resume = self.first_cost()
-        else:
-            resume = d * self.cost.verify_ratio(self.resume_tokens - 1) if self.resume_tokens > 0 else 0.0
+        resume = self._reading(self.first_resume if self._first_pending else self.resume_tokens)
         return self.cost.verify_ratio(k) + d * k - 1.0 + resume
 
     def drafting_floor(self) -> int:

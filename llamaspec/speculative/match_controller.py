@@ -264,7 +264,7 @@ class MatchController:
         # the whole draft's cost while the copy is unproven, its expected loss once it is long
         cap = self.risk.longest(verify, self.cost.draft_ratio, len(probs))
         if int(match) >= TRUSTED_AGREEMENT:   # only at sizes whose price is known, not guessed
-            known = min(len(probs), int(self.cost.known_size) - 1) if self.cost.known_size < math.inf else len(probs)
+            known = int(min(len(probs), self.cost.known_size - 1))
             cap = max(cap, self.risk.longest(verify, self.cost.draft_ratio, known, 1.0 - probs[0]))
         if cap < self.n_min:
             self.n_pauses += 1

@@ -267,6 +267,7 @@ class SpecOptions:
     translated: bool | None = None
     spec_replace: tuple[tuple[str, str], ...] = ()
     # draft-simple's model may load beside the first steps (drafters/lazy.py decides: a GPU
-    # target), as for a draft the default chose (api/generator.py); False: before them, so that
-    # a draft file the user named is refused at once if llama.cpp cannot load it
+    # target, or a core the target's threads leave free), as for a draft the default chose
+    # (api/generator.py); False: before them, so that a draft file the user named is refused at
+    # once if llama.cpp cannot load it
     lazy_draft: bool = False

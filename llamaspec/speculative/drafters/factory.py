@@ -62,8 +62,8 @@ def _suffix(opts, target, ctx, sampling) -> Built:
 
 
 def _draft_model(opts, target, ctx, sampling) -> Built:
-    """draft-simple, loaded beside the first steps (drafters/lazy.py): the target's prompt and first
-    tokens do not wait for it, and a draft that does not pay costs next to nothing."""
+    """draft-simple: a draft the default chose loads beside the first steps where a GPU or a free
+    core can do it (drafters/lazy.py); a named one, or where every core is the target's, first."""
     from llamaspec.speculative.drafters.lazy import LazyDrafter, decide as lazy_decide
     from llamaspec.speculative.drafters.model import SYNC_WINDOW
 

@@ -15,16 +15,18 @@ the start, never evaluates it (SmolLM2 F16 with its Q4_1 forced, a 222-token pro
 
 Only a draft the default chose (`--draft auto`, or none given) loads so, and only where a GPU or
 a free core can do it (`decide`: where the target's threads take every core, a load beside its
-steps only competes with them); a draft file the user names loads before the first step, so that one llama.cpp cannot load is refused at once, with
-its error and exit code (a bad file is a user's error, not a warning mid-answer).
+steps only competes with them); a draft file the user names loads before the first step, so
+that one llama.cpp cannot load is refused at once with its error and exit code (a bad file is a
+user's error, not a warning mid-answer).
 
 Threads: the draft's model and context are the worker's until it is idle (loaded, nothing queued)
 and the main thread's while it is; a `begin` or `end` while it works is queued for it, in order,
 under `_cv`. The target's context is never touched by the worker. A load that fails (out of
-memory, say) is a warning and generation goes on without the draft: nothing already produced is
-lost, and the output is the same (drafts only propose); a bad file is refused before, where the
-pair is checked. A seed at T > 0 waits for the load (`wait`): which positions a draft model
-drafts decides rejection sampling's random draws, so it must not follow a clock.
+memory, or a chosen file whose header passed the pair check but that llama.cpp refuses) is a
+warning and generation goes on without the draft: nothing already produced is lost, and the
+output is the same (drafts only propose). A seed at T > 0 waits for the load and for each
+prompt's evaluation (`steady`): which positions a draft model drafts decides rejection
+sampling's random draws, so it must not follow a clock.
 """
 
 from __future__ import annotations
