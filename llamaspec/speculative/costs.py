@@ -180,10 +180,19 @@ class CostModel:
         return None if ab is None else ab[0] + ab[1]
 
     def verify_ratio(self, k: int) -> float:
-        """Cost of a verify step with k draft tokens / cost of a plain decode step."""
+        """Cost of a verify step with k draft tokens / cost of a plain decode step: verify_ratios(k)[k],
+        from the few sizes that can hold its running maximum (the curve is linear between its
+        points), so a first draft priced with a 32k-token prompt costs no 32k-step loop."""
         if self.verify_ratio_fn is not None:
             return float(self.verify_ratio_fn(k))
-        return self.verify_ratios(k)[k]
+        if self.shared is not None or k < 2:
+            return self.verify_ratios(k)[k]
+        a, b, t1, pts = self._curve()
+        # a linear piece sampled at integers peaks at its ends: each point's neighbours, and k + 1
+        sizes = {2, k + 1}
+        for x, _ in pts:
+            sizes.update(n for n in (math.floor(x), math.ceil(x)) if 2 <= n <= k + 1)
+        return max(1.0, max(self._t_at(n, a, b, pts) for n in sizes) / t1)
 
     def verify_ratios(self, k_max: int) -> list[float]:
         """[verify_ratio(k) for k in 0..k_max], computed at once: t(k+1) interpolated between the
@@ -194,6 +203,17 @@ class CostModel:
             return [float(self.verify_ratio_fn(k)) for k in range(k_max + 1)]
         if self.shared is not None:
             return self.shared(k_max)
+        a, b, t1, pts = self._curve()
+        out, top = [1.0], 1.0
+        for k in range(1, k_max + 1):
+            # never below 1: a batch that looked faster than one token is noise
+            top = max(top, self._t_at(k + 1, a, b, pts) / t1, 1.0)
+            out.append(top)
+        return out
+
+    def _curve(self) -> tuple[float, float, float, list[tuple[float, float]]]:
+        """(a, b, t(1), points): the line, the one-token time and the (size, seconds) points the
+        curve is interpolated between (this run's bucket medians, then the kept prior's)."""
         ab = self.line()
         if ab is None:
             a, b = 1.0, self.default_slope
@@ -204,23 +224,20 @@ class CostModel:
         if self.prior:   # sizes not timed here yet: what this target measured before
             have = {size_bucket(round(n)) for n, _ in pts}
             pts = sorted(pts + [(p[0], p[1] * t1) for p in self.prior if size_bucket(round(p[0])) not in have])
-        out, top = [1.0], 1.0
-        for k in range(1, k_max + 1):
-            n = k + 1
-            if not pts:  # nothing measured: the prior line, and a batch's own overhead
-                t = a + b * n + PRIOR_BATCH_OVERHEAD * (a + b)
-            elif n <= pts[0][0]:
-                t = pts[0][1] - b * (pts[0][0] - n)
-            elif n >= pts[-1][0]:
-                t = pts[-1][1] + b * (n - pts[-1][0])
-            else:
-                i = next(i for i in range(1, len(pts)) if n <= pts[i][0])
-                (x0, y0), (x1, y1) = pts[i - 1], pts[i]
-                t = y0 + (y1 - y0) * (n - x0) / (x1 - x0) if x1 > x0 else y1
-            # never below 1: a batch that looked faster than one token is noise
-            top = max(top, t / t1, 1.0)
-            out.append(top)
-        return out
+        return a, b, t1, pts
+
+    @staticmethod
+    def _t_at(n: int, a: float, b: float, pts: list[tuple[float, float]]) -> float:
+        """Seconds of a batch of n tokens on the curve (a, b, pts) of `_curve`."""
+        if not pts:  # nothing measured: the prior line, and a batch's own overhead
+            return a + b * n + PRIOR_BATCH_OVERHEAD * (a + b)
+        if n <= pts[0][0]:
+            return pts[0][1] - b * (pts[0][0] - n)
+        if n >= pts[-1][0]:
+            return pts[-1][1] + b * (n - pts[-1][0])
+        i = next(i for i in range(1, len(pts)) if n <= pts[i][0])
+        (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+        return y0 + (y1 - y0) * (n - x0) / (x1 - x0) if x1 > x0 else y1
 
     @property
     def known_size(self) -> float:
