@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -204,3 +205,43 @@ def test_where_a_chosen_draft_loads_is_decided_by_the_machine(monkeypatch):
     assert decide(4, 0)[0]
     monkeypatch.setenv("LLAMASPEC_LAZY_DRAFT", "0")
     assert not decide(2, -1)[0]
+
+
+@pytest.mark.slow
+def test_serve_answers_concurrent_requests_while_a_chosen_draft_loads_and_stays_lossless(pair_folder, smollm2_f16,
+                                                                                         tmp_path):
+    """`serve --parallel 4` where the default chose the sibling and loads it beside the first steps:
+    four requests sent together as soon as /health answers (their sequences begin while the draft
+    loads, and it joins them mid-answer), each as plain decoding's server answers it alone (or a
+    near-tie flip), and once loaded the draft drafts (the /metrics of a second round)."""
+    from test_serve import Server, _chat, _near_tie
+
+    target = pair_folder / smollm2_f16.name
+    prompts = ["Explain in two sentences what a hash map is.", "List five fruits.",
+               "Write a haiku about autumn.", "Repeat this list: apple, pear, plum, fig, kiwi."]
+    plain_server = Server(target, "--parallel", "4", "--spec-type", "none", tmp=tmp_path)
+    try:
+        plain = [_chat(plain_server.client(), p, max_tokens=48).choices[0].message.content for p in prompts]
+    finally:
+        assert plain_server.stop() == 0, plain_server.log.read_text()
+    s = Server(target, "--parallel", "4", "--fixed-draft", tmp=tmp_path)
+    try:
+        rounds: list[dict[int, str]] = [{}, {}]
+        for answers in rounds:
+            def ask(i: int, answers=answers) -> None:
+                answers[i] = _chat(s.client(), prompts[i], max_tokens=48).choices[0].message.content
+            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(300)
+        metrics = s.metrics()
+    finally:
+        assert s.stop() == 0, s.log.read_text()
+    log = s.log.read_text()
+    assert re.search(r"spec [^)]*draft-simple", log), log   # the default took the sibling
+    for answers in rounds:
+        assert sorted(answers) == list(range(len(prompts))), log
+        print("\n".join(_near_tie(smollm2_f16, p, plain[i], answers[i]) for i, p in enumerate(prompts)))
+    drafted = metrics.get('llamaspec:drafter_draft_tokens_total{drafter="draft-simple"}', 0.0)
+    assert drafted > 0, metrics["_text"]
