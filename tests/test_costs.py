@@ -152,7 +152,6 @@ def test_cost_curve_as_a_function():
     assert curve(1) == 1.0 and curve(8) == pytest.approx(3.0) and curve(12) == curve(8)
 
 
-
 @pytest.mark.parametrize("seed", range(20))
 def test_one_verify_ratio_equals_the_whole_curves_point(seed):
     """verify_ratio(k) reads a few sizes, not 0..k (a first draft is priced with its prompt, up to
@@ -167,6 +166,7 @@ def test_one_verify_ratio_equals_the_whole_curves_point(seed):
     whole = cm.verify_ratios(300)
     for k in (0, 1, 2, 3, 7, 8, 9, 31, 64, 65, 100, 300):
         assert cm.verify_ratio(k) == pytest.approx(whole[k], rel=1e-12), k
+
 
 # SmolLM2 F16 on 2 EPYC cores, 4 sequences at depth 400 in one unified cache: whole steps of n rows (ms)
 SHARED_STEPS_MS = [(4, 25.6), (5, 26.8), (6, 29.4), (8, 37.3), (12, 47.2), (16, 59.7), (20, 72.6), (28, 97.6)]

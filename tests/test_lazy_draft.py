@@ -214,7 +214,7 @@ def test_serve_answers_concurrent_requests_while_a_chosen_draft_loads_and_stays_
     four requests sent together as soon as /health answers (their sequences begin while the draft
     loads, and it joins them mid-answer), each as plain decoding's server answers it alone (or a
     near-tie flip), and once loaded the draft drafts (the /metrics of a second round)."""
-    from test_serve import Server, _chat, _near_tie
+    from test_serve import Server, _chat, _chat_together, _near_tie
 
     target = pair_folder / smollm2_f16.name
     prompts = ["Explain in two sentences what a hash map is.", "List five fruits.",
@@ -226,15 +226,7 @@ def test_serve_answers_concurrent_requests_while_a_chosen_draft_loads_and_stays_
         assert plain_server.stop() == 0, plain_server.log.read_text()
     s = Server(target, "--parallel", "4", "--fixed-draft", tmp=tmp_path)
     try:
-        rounds: list[dict[int, str]] = [{}, {}]
-        for answers in rounds:
-            def ask(i: int, answers=answers) -> None:
-                answers[i] = _chat(s.client(), prompts[i], max_tokens=48).choices[0].message.content
-            threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(300)
+        rounds = [_chat_together(s, prompts, max_tokens=48) for _ in range(2)]
         metrics = s.metrics()
     finally:
         assert s.stop() == 0, s.log.read_text()

@@ -113,6 +113,21 @@ def _chat(client, text: str, max_tokens: int = 32, **kw):
                                           max_tokens=max_tokens, **kw)
 
 
+def _chat_together(server: Server, prompts: list[str], max_tokens: int) -> dict[int, str]:
+    """Each prompt from its own client thread, all sent at once: {index: answer text}."""
+    answers: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        answers[i] = _chat(server.client(), prompts[i], max_tokens=max_tokens).choices[0].message.content
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    return answers
+
+
 def test_models_and_chat(server, smollm2_q4):
     client = server.client()
     assert [m.id for m in client.models.list()] == [smollm2_q4.name]
@@ -195,16 +210,7 @@ def test_concurrent_greedy_clients_get_what_each_gets_alone(server, smollm2_q4):
     prompts = ["Explain in two sentences what a hash map is.", "List five fruits.",
                "Write a haiku about autumn.", "What is the capital of France? Answer briefly."]
     alone = [_chat(client, p, max_tokens=48).choices[0].message.content for p in prompts]
-    together: dict[int, str] = {}
-
-    def ask(i: int) -> None:
-        together[i] = _chat(server.client(), prompts[i], max_tokens=48).choices[0].message.content
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    together = _chat_together(server, prompts, max_tokens=48)
     notes = [_near_tie(smollm2_q4, p, a, together[i]) for i, (p, a) in enumerate(zip(prompts, alone))]
     print("\n".join(notes))
 
